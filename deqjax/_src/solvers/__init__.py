@@ -1,0 +1,1 @@
+"""Forward solvers: one file per solver over the shared driver in ``base``."""
