@@ -1,12 +1,28 @@
 """deqjax: deep equilibrium models in JAX and Haiku.
 
 >>> import deqjax as dq
->>> sol = dq.solvers.anderson(f, z0)
->>> z_star, sol = dq.fixed_point(f, params, x, z0)
+>>> sol = dq.solvers.anderson(f, z0)                 # z = f(z), any pytree
+>>> z_star, sol = dq.fixed_point(f, params, x, z0)  # differentiable in params and x
 """
 
 from deqjax import solvers
+from deqjax._src.adjoints import (
+    Adjoint,
+    ImplicitAdjoint,
+    OneStepAdjoint,
+    PhantomAdjoint,
+    UnrolledAdjoint,
+)
+from deqjax._src.fixed_point import fixed_point
 
 __version__ = "0.1.0"
 
-__all__ = ["solvers"]
+__all__ = [
+    "Adjoint",
+    "ImplicitAdjoint",
+    "OneStepAdjoint",
+    "PhantomAdjoint",
+    "UnrolledAdjoint",
+    "fixed_point",
+    "solvers",
+]

@@ -4,8 +4,8 @@ Three kinds of loop run the same ``(cond_fun, body_fun)`` pair for at most ``max
 
 * ``"while"`` (default): :func:`jax.lax.while_loop`. Fast: stops as soon as ``cond_fun`` is false,
   but has no reverse-mode derivative.
-* ``"scan"``: :func:`jax.lax.scan` over ``max_steps`` with a :func:`jax.lax.cond` that skips the body
-  once ``cond_fun`` is false. Always pays ``max_steps`` iterations of bookkeeping but is
+* ``"scan"``: :func:`jax.lax.scan` over ``max_steps`` with a :func:`jax.lax.cond` that skips the
+  body once ``cond_fun`` is false. Always pays ``max_steps`` iterations of bookkeeping but is
   reverse-mode differentiable; :class:`deqjax.UnrolledAdjoint` runs solvers on it.
 * ``"python"``: a plain Python loop on concrete values, for debugging with prints and breakpoints.
   It cannot be traced (it calls ``bool`` on the condition), so it fails under ``jit``.
