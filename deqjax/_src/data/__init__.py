@@ -1,0 +1,1 @@
+"""Data sources and batching for training loops (public API: :mod:`deqjax.data`)."""

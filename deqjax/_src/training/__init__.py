@@ -1,0 +1,1 @@
+"""Training infrastructure (public API: :mod:`deqjax.training`)."""

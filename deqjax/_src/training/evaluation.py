@@ -1,0 +1,95 @@
+"""Data-parallel evaluation over a whole data set: masked sums per batch, means at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from deqjax._src.training.train_state import shard, unreplicate
+from deqjax._src.training.train_step import AXIS, Metrics, _as_float
+
+PyTree = Any
+EvalFn = Callable[[PyTree, PyTree], Mapping[str, jax.Array]]
+
+
+def make_eval_step(
+    eval_fn: EvalFn, *, devices: Sequence[jax.Device] | None = None
+) -> Callable[[PyTree, PyTree, jax.Array], Metrics]:
+    """Builds the pmapped evaluation step ``(params, batch, mask) -> sums``.
+
+    Args:
+      eval_fn: ``(params, batch) -> {name: per-example values [B]}`` (e.g. ``{"accuracy":
+        argmax == label, "loss": per-example cross entropy}``).
+      devices: as in :func:`make_train_step`.
+
+    Returns:
+      ``eval_step(params, batch, mask)`` with replicated ``params``, sharded ``batch`` and
+      ``mask [num_devices, B]`` (0 on padding, see :func:`~deqjax.data.eval_batches`); returns
+      all-device totals ``{name: Σ mask·value, "count": Σ mask}``, and for names ending in
+      ``_max`` the max over real examples. :func:`evaluate` turns them into means.
+    """
+    if not callable(eval_fn):
+        raise ValueError(f"eval_fn must be callable, got {type(eval_fn).__name__}.")
+
+    def step(params, batch, mask):
+        values = eval_fn(params, batch)
+        out = {"count": jax.lax.psum(jnp.sum(mask), AXIS)}
+        for name, v in values.items():
+            v = _as_float(jax.lax.stop_gradient(v))
+            if v.shape != mask.shape:
+                raise ValueError(
+                    f"eval_fn must return per-example values of shape {mask.shape}; "
+                    f"{name!r} has shape {v.shape}."
+                )
+            m = mask.astype(v.dtype)
+            if name.endswith("_max"):
+                out[name] = jax.lax.pmax(jnp.max(jnp.where(m > 0, v, -jnp.inf)), AXIS)
+            else:
+                out[name] = jax.lax.psum(jnp.sum(m * v), AXIS)
+        return out
+
+    return jax.pmap(step, axis_name=AXIS, devices=devices)
+
+
+def evaluate(
+    eval_step: Callable[[PyTree, PyTree, jax.Array], Metrics],
+    params: PyTree,
+    batches: Iterable[tuple[PyTree, np.ndarray]],
+    *,
+    devices: Sequence[jax.Device] | None = None,
+) -> dict[str, float]:
+    """Means of ``eval_fn``'s per-example values over all ``batches`` (one host sync at the end).
+
+    Args:
+      eval_step: from :func:`make_eval_step`.
+      params: replicated parameters (``state.params`` of the replicated train state).
+      batches: ``(batch, mask)`` pairs of this process's shard, e.g. from
+        :func:`~deqjax.data.eval_batches` (the same number of batches on every process).
+      devices: the devices ``eval_step`` maps over (default local ones).
+
+    Returns:
+      ``{name: Σ mask·value / Σ mask}`` (``_max`` names: the max), plus ``"count"``, the number
+      of real examples over all processes.
+    """
+    totals = None
+    for batch, mask in batches:
+        out = eval_step(params, shard(batch, devices), shard(mask, devices))
+        if totals is None:
+            totals = out
+        else:
+            totals = {
+                k: jnp.maximum(totals[k], v) if k.endswith("_max") else totals[k] + v
+                for k, v in out.items()
+            }
+    if totals is None:
+        raise ValueError("batches is empty: nothing to evaluate.")
+    host = unreplicate(totals)
+    count = float(host["count"])
+    return {
+        k: float(v) if k.endswith("_max") or k == "count" else float(v) / max(count, 1.0)
+        for k, v in host.items()
+    }

@@ -1,0 +1,319 @@
+"""The generic training driver: resume, step, log, evaluate, checkpoint, stop cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import optax
+
+from deqjax._src.data.batching import IteratorState, ShuffledBatches, eval_batches
+from deqjax._src.training.checkpoint import Checkpointer
+from deqjax._src.training.evaluation import EvalFn, evaluate, make_eval_step
+from deqjax._src.training.metrics import MetricsWriter, format_metrics, progress_bar, to_python
+from deqjax._src.training.train_state import (
+    TrainState,
+    create_train_state,
+    replicate,
+    shard,
+    unreplicate,
+)
+from deqjax._src.training.train_step import (
+    DiagnosticsFn,
+    LossFn,
+    RegUpdateFn,
+    make_diagnostics_step,
+    make_train_step,
+)
+
+PyTree = Any
+
+
+class FitResult(NamedTuple):
+    """What :func:`fit` returns."""
+
+    state: TrainState  # the final state, unreplicated, numpy on the host
+    data_state: IteratorState  # the training iterator's position after the last step
+    history: list[dict]  # every record logged by this call (train, eval and diagnostics)
+    interrupted: bool  # True if stopped early by SIGTERM (after saving a checkpoint)
+    restored_step: int | None  # the checkpoint step this call resumed from, None if fresh
+
+
+class _StopFlag:
+    """Set by SIGTERM; the loop saves a checkpoint and returns at the next step boundary."""
+
+    def __init__(self):
+        self.value = False
+
+    def __call__(self, signum, frame):
+        self.value = True
+
+
+@contextlib.contextmanager
+def _sigterm_handler(enabled: bool):
+    flag = _StopFlag()
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = signal.signal(signal.SIGTERM, flag)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _any_process(flag: bool) -> bool:
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.asarray(flag, np.int32))))
+
+
+def _check_positive_int(value, name: str, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+
+
+def fit(
+    *,
+    params: PyTree,
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    train_data: ShuffledBatches,
+    num_steps: int,
+    rng: jax.Array,
+    reg_state: PyTree = (),
+    update_reg_state: RegUpdateFn | None = None,
+    learning_rate_fn: optax.Schedule | None = None,
+    per_device_rng: bool = True,
+    eval_fn: EvalFn | None = None,
+    eval_data: Mapping[str, np.ndarray] | None = None,
+    eval_batch_size: int | None = None,
+    eval_every: int | None = None,
+    diagnostics_fn: DiagnosticsFn | None = None,
+    diagnostics_every: int | None = None,
+    log_every: int = 100,
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    keep_checkpoints: int = 3,
+    resume: bool = False,
+    metrics_path: str | os.PathLike | None = None,
+    config: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    handle_sigterm: bool = True,
+    devices: Sequence[jax.Device] | None = None,
+    desc: str = "train",
+    print_fn: Callable[[str], None] | None = print,
+) -> FitResult:
+    """Trains for ``num_steps`` optimizer steps, data-parallel over local devices (and hosts).
+
+    The loop: build the state (or restore the newest good checkpoint with ``resume``, including
+    the data position and RNG); per step take this process's shard of the next global batch and
+    run the pmapped step; every ``log_every`` steps fetch the metrics to the host, write a JSONL
+    record and update the progress bar; every ``diagnostics_every`` steps run ``diagnostics_fn``;
+    at the end of each epoch (or every ``eval_every`` steps) evaluate; every
+    ``checkpoint_every`` steps and at the end save a checkpoint. On SIGTERM it saves a checkpoint
+    and returns with ``interrupted=True`` (exit with a non-zero status in the caller).
+
+    A run killed at any point and resumed with ``resume=True`` reproduces the uninterrupted run's
+    losses bit for bit on CPU (same devices, same flags), because the state (params, optimizer,
+    RNG, step, regularizer state) and the data position are all in the checkpoint.
+
+    Args:
+      params: initial parameters (ignored when a checkpoint is restored).
+      loss_fn: ``(params, batch, key, reg_state, step) -> (loss, metrics)``, see
+        :func:`~deqjax.training.make_train_step`.
+      optimizer: an optax transformation.
+      train_data: the training iterator (its position is restored on resume and checkpointed).
+      num_steps: total optimizer steps (the run ends when ``state.step == num_steps``).
+      rng: the run's key (``jax.random.PRNGKey(seed)``).
+      reg_state: initial regularizer state (e.g. ``AdaptiveGamma(...).init()``).
+      update_reg_state: ``(reg_state, metrics, step) -> reg_state``; see ``make_train_step``.
+      learning_rate_fn: a schedule, logged as ``"learning_rate"``.
+      per_device_rng: see ``make_train_step``.
+      eval_fn: ``(params, batch) -> {name: per-example values}``; needs ``eval_data``.
+      eval_data: ``{name: array[N, ...]}`` evaluated in full (padded, masked).
+      eval_batch_size: global eval batch (default ``train_data.batch_size``).
+      eval_every: evaluate every this many steps (default: at each epoch end); always at the end.
+      diagnostics_fn: ``(params, batch, key, reg_state) -> {name: scalar}``, run on the current
+        batch every ``diagnostics_every`` steps.
+      log_every: steps between metric fetches (the only host syncs of the loop).
+      checkpoint_dir: where checkpoints go; None disables checkpointing (and ``resume``).
+      checkpoint_every: steps between checkpoints (default: only at the end and on SIGTERM).
+      keep_checkpoints: how many checkpoints to keep.
+      resume: continue from the newest good checkpoint in ``checkpoint_dir`` if there is one.
+      metrics_path: JSONL file of the records (process 0 only); on resume, records after the
+        restored step are dropped first.
+      config: JSON-able run configuration stored in every checkpoint's metadata.
+      progress: show a tqdm progress bar (process 0 only).
+      handle_sigterm: install the SIGTERM handler (main thread only).
+      devices: devices to map over (default all devices of all processes; a subset only in a
+        single-process run).
+      desc: progress-bar label.
+      print_fn: where evaluation summaries are printed (process 0; None: silent).
+
+    Returns:
+      A :class:`FitResult`.
+
+    Raises:
+      ValueError: naming the first invalid argument.
+    """
+    _check_positive_int(num_steps, "num_steps")
+    _check_positive_int(log_every, "log_every")
+    _check_positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
+    _check_positive_int(eval_every, "eval_every", allow_none=True)
+    _check_positive_int(diagnostics_every, "diagnostics_every", allow_none=True)
+    if not isinstance(train_data, ShuffledBatches):
+        raise ValueError(
+            f"train_data must be a deqjax.data.ShuffledBatches, got {type(train_data).__name__}."
+        )
+    if (eval_fn is None) != (eval_data is None):
+        raise ValueError("eval_fn and eval_data must be given together.")
+    if diagnostics_fn is not None and diagnostics_every is None:
+        raise ValueError("diagnostics_every is required with diagnostics_fn.")
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs checkpoint_dir.")
+    # pmap gets ``devices`` as given (None: every device of every process, which multi-host
+    # collectives need); arrays are placed on this process's share of them.
+    if devices is None:
+        local_devices = jax.local_devices()
+    else:
+        local_devices = [d for d in devices if d.process_index == jax.process_index()]
+    if train_data.local_batch_size % len(local_devices):
+        raise ValueError(
+            f"the per-process batch ({train_data.local_batch_size}) must be divisible by the "
+            f"number of local devices ({len(local_devices)})."
+        )
+    eval_batch_size = train_data.batch_size if eval_batch_size is None else eval_batch_size
+    if eval_fn is not None and eval_batch_size % (jax.process_count() * len(local_devices)):
+        raise ValueError(
+            f"eval_batch_size ({eval_batch_size}) must be a multiple of process_count x local "
+            f"devices ({jax.process_count()} x {len(local_devices)})."
+        )
+    is_main = jax.process_index() == 0
+
+    state = create_train_state(params, optimizer, rng, reg_state=reg_state)
+    ckpt = Checkpointer(checkpoint_dir, max_to_keep=keep_checkpoints) if checkpoint_dir else None
+    restored_step = None
+    if ckpt is not None and resume:
+        restored = ckpt.restore(template=state)
+        if restored is not None:
+            state = TrainState(*restored.state)
+            train_data.restore(restored.meta["data"])
+            restored_step = restored.step
+            if print_fn is not None and is_main:
+                print_fn(f"resumed from {ckpt.path(restored.step)} (step {restored.step})")
+    step = int(np.asarray(state.step))
+
+    train_step = make_train_step(
+        loss_fn,
+        optimizer,
+        update_reg_state=update_reg_state,
+        learning_rate_fn=learning_rate_fn,
+        per_device_rng=per_device_rng,
+        devices=devices,
+    )
+    eval_step = make_eval_step(eval_fn, devices=devices) if eval_fn is not None else None
+    diag_step = None
+    if diagnostics_fn is not None:
+        diag_step = make_diagnostics_step(diagnostics_fn, devices=devices)
+    steps_per_epoch = train_data.steps_per_epoch
+    history: list[dict] = []
+    writer = MetricsWriter(
+        metrics_path if metrics_path is not None else os.devnull,
+        keep_until_step=step if restored_step is not None else None,
+        enabled=is_main and metrics_path is not None,
+    )
+
+    def log(record: dict) -> None:
+        record = to_python(record)
+        history.append(record)
+        writer.write(record)
+
+    def save(state_r) -> None:
+        if ckpt is None:
+            return
+        meta = {"data": train_data.state._asdict(), "config": to_python(dict(config or {}))}
+        ckpt.save(step, unreplicate(state_r), meta)
+
+    def run_eval(state_r) -> None:
+        batches = eval_batches(eval_data, batch_size=eval_batch_size)
+        means = evaluate(eval_step, state_r.params, batches, devices=local_devices)
+        record = {"split": "eval", "step": step, "epoch": step / steps_per_epoch, **means}
+        log(record)
+        if print_fn is not None and is_main:
+            print_fn(f"[{desc}] step {step} eval: " + format_metrics(means))
+
+    state_r = replicate(state, local_devices)
+    del state
+    interrupted = False
+    last_eval_step = None
+    bar = progress_bar(total=num_steps, initial=step, enabled=progress and is_main, desc=desc)
+    t_window, window_start = time.perf_counter(), step
+    try:
+        with _sigterm_handler(handle_sigterm) as stop:
+            while step < num_steps:
+                batch = shard(next(train_data), local_devices)
+                state_r, metrics = train_step(state_r, batch)
+                step += 1
+                bar.update(1)
+                if step % log_every == 0 or step == num_steps:
+                    host = {k: float(v) for k, v in unreplicate(metrics).items()}
+                    now = time.perf_counter()
+                    rate = (step - window_start) * train_data.batch_size / max(now - t_window, 1e-9)
+                    t_window, window_start = now, step
+                    log(
+                        {
+                            "split": "train",
+                            "step": step,
+                            "epoch": step / steps_per_epoch,
+                            **host,
+                            "examples_per_sec": rate,
+                        }
+                    )
+                    bar.set_postfix_str(format_metrics(host, keys=("loss", "accuracy")))
+                if diag_step is not None and step % diagnostics_every == 0:
+                    diag = {k: float(v) for k, v in unreplicate(diag_step(state_r, batch)).items()}
+                    log({"split": "diagnostics", "step": step, **diag})
+                end_of_epoch = train_data.state.index == steps_per_epoch
+                if eval_step is not None and (
+                    (eval_every is None and end_of_epoch)
+                    or (eval_every is not None and step % eval_every == 0)
+                ):
+                    run_eval(state_r)
+                    last_eval_step = step
+                if checkpoint_every is not None and step % checkpoint_every == 0:
+                    save(state_r)
+                check_now = jax.process_count() == 1 or step % log_every == 0
+                if check_now and _any_process(stop.value):
+                    interrupted = True
+                    save(state_r)
+                    if print_fn is not None and is_main:
+                        print_fn(f"[{desc}] SIGTERM: saved checkpoint at step {step}, stopping")
+                    break
+            if not interrupted:
+                if eval_step is not None and last_eval_step != step:
+                    run_eval(state_r)
+                save(state_r)
+    finally:
+        bar.close()
+        writer.close()
+        if ckpt is not None:
+            ckpt.close()
+    return FitResult(
+        state=TrainState(*unreplicate(state_r)),
+        data_state=train_data.state,
+        history=history,
+        interrupted=interrupted,
+        restored_step=restored_step,
+    )

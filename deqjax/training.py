@@ -1,0 +1,74 @@
+"""Training: pmapped data-parallel steps, multi-host start-up, orbax checkpoints, JSONL metrics.
+
+>>> from deqjax import data, training
+>>> opt = training.make_optimizer(learning_rate=training.make_schedule(
+...     learning_rate=1e-3, schedule="cosine", warmup_steps=100, total_steps=5000), clip_norm=1.0)
+>>> def loss_fn(params, batch, key, reg_state, step):          # one device's share of the batch
+...     logits = model.apply(params, batch["image"])
+...     loss = cross_entropy(logits, batch["label"])
+...     return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
+>>> result = training.fit(params=params, loss_fn=loss_fn, optimizer=opt,
+...                       train_data=data.ShuffledBatches(train, batch_size=256, seed=0),
+...                       num_steps=5000, rng=jax.random.PRNGKey(0), log_every=50,
+...                       checkpoint_dir="runs/x/ckpt", checkpoint_every=500, resume=True,
+...                       metrics_path="runs/x/metrics.jsonl")
+"""
+
+from deqjax._src.training.checkpoint import Checkpointer, Restored, tree_digest
+from deqjax._src.training.distributed import (
+    DistributedConfig,
+    add_distributed_flags,
+    distributed_config,
+    initialize_distributed,
+)
+from deqjax._src.training.evaluation import evaluate, make_eval_step
+from deqjax._src.training.fit import FitResult, fit
+from deqjax._src.training.metrics import (
+    MetricsWriter,
+    format_metrics,
+    progress_bar,
+    read_jsonl,
+    to_python,
+)
+from deqjax._src.training.optimizer import make_optimizer, make_schedule
+from deqjax._src.training.train_state import (
+    TrainState,
+    create_train_state,
+    replicate,
+    shard,
+    unreplicate,
+)
+from deqjax._src.training.train_step import (
+    make_diagnostics_step,
+    make_train_step,
+    reduce_metrics,
+)
+
+__all__ = [
+    "Checkpointer",
+    "DistributedConfig",
+    "FitResult",
+    "MetricsWriter",
+    "Restored",
+    "TrainState",
+    "add_distributed_flags",
+    "create_train_state",
+    "distributed_config",
+    "evaluate",
+    "fit",
+    "format_metrics",
+    "initialize_distributed",
+    "make_diagnostics_step",
+    "make_eval_step",
+    "make_optimizer",
+    "make_schedule",
+    "make_train_step",
+    "progress_bar",
+    "read_jsonl",
+    "reduce_metrics",
+    "replicate",
+    "shard",
+    "to_python",
+    "tree_digest",
+    "unreplicate",
+]
