@@ -5,7 +5,7 @@
 >>> z_star, sol = dq.fixed_point(f, params, x, z0)  # differentiable in params and x
 """
 
-from deqjax import solvers
+from deqjax import data, nn, solvers, training
 from deqjax._src.adjoints import (
     Adjoint,
     ImplicitAdjoint,
@@ -23,6 +23,9 @@ __all__ = [
     "OneStepAdjoint",
     "PhantomAdjoint",
     "UnrolledAdjoint",
+    "data",
     "fixed_point",
+    "nn",
     "solvers",
+    "training",
 ]

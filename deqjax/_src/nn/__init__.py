@@ -1,0 +1,1 @@
+"""Haiku layer of deqjax: the ``DEQ`` module, its cells, weight norm and variational dropout."""

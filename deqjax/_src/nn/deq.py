@@ -1,0 +1,453 @@
+"""``dq.nn.DEQ``: a Haiku module whose output is the equilibrium of a Haiku cell.
+
+Design note (read this before writing a cell)
+=============================================
+
+**Cell protocol.** A cell is any callable ``cell(z, x) -> z`` (or ``cell(z, x, *, is_training)``;
+the DEQ passes ``is_training`` when the cell's signature accepts that keyword) built from Haiku
+modules: a module instance (``dq.nn.MLPCell(...)``) or a function that creates modules. ``z`` is any
+pytree of float arrays (the multiscale cell uses a tuple of per-resolution arrays) and the cell
+returns the same structure. **Cells are always written for batched arrays** ``[B, ...]``: in
+per-example mode (the default) the DEQ ``vmap``s over the batch and the cell sees batches of size 1.
+
+**Parameters.** Inside ``DEQ`` the cell becomes a pure ``apply(params, ctx, rng, x, z)`` with
+``hk.transform_with_state``; its parameters are created with ``hk.lift`` (``allow_reuse=True``)
+under the DEQ module's scope (names ``<deq>/lifted/<cell modules>``) and passed explicitly to
+``dq.fixed_point``, so the implicit gradient reaches them.
+
+**Once per forward pass: ``per_forward(name, compute)``.** Anything a cell computes from the
+parameters, ``x`` and randomness only — never from ``z`` — should be computed ONCE per forward pass,
+outside the solver loop, and held fixed across every solver iteration and the backward pass: weight
+normalisation ``w = g·v/‖v‖``, dropout masks, input injections ``U x``. A module does this with::
+
+    value = dq.nn.per_forward("name", lambda: expensive(params, x, hk.next_rng_key()))
+
+``DEQ`` runs the cell in two phases. *Prepare* (once per forward, outside the solver): the cell is
+evaluated once at ``z0``; every ``per_forward`` computes its value and records it in Haiku state;
+the resulting state pytree ``ctx`` is a differentiable function of the parameters and ``x``. *Step*
+(every solver iteration, and the backward pass): ``per_forward`` returns the recorded value from
+``ctx``, which travels to ``dq.fixed_point`` next to the parameters, so gradients flow through it
+back to the parameters by ordinary autodiff. Outside a DEQ (a cell called directly, or unrolled by
+hand) ``per_forward`` simply returns ``compute()``. Under ``jit`` the prepare pass's own output is
+discarded and XLA removes everything in it except what ``ctx`` needs. ``compute`` must not depend on
+``z`` (the value would be frozen at ``z0``). Haiku state of the cell's own (``hk.get_state`` outside
+``per_forward``, e.g. batch-norm statistics) is not supported.
+
+**Randomness.** ``DEQ`` draws one key per forward pass (``hk.maybe_next_rng_key()``; per example
+in per-example mode) and passes the SAME key to every cell evaluation of that forward pass
+(through ``fixed_point``'s ``x``, not a closure): any ``hk.next_rng_key()`` draw in the cell is
+therefore identical across solver iterations and the backward pass, and fresh on the next forward.
+``VariationalDropout`` additionally draws its mask inside ``per_forward`` (sampled once, not
+re-sampled per step). With no rng (``apply(params, None, x)``) cells must not draw.
+
+**Initial state.** ``z0`` given to ``__call__`` (e.g. the previous segment's equilibrium) wins;
+otherwise the constructor's ``init_state(x)``; otherwise ``cell.initial_state(x)`` if the cell
+has that method (``MultiscaleCell`` does: per-resolution zeros); otherwise ``zeros_like(x)``.
+
+**Init.** ``hk.lift`` creates the parameters by running the cell once. By default the solve is
+then skipped (``solve_at_init=False``): ``init`` returns ``z* = f(z0)`` and a Solution with 0 steps
+(compiling the solver for init would double compile time). With ``solve_at_init=True`` the solve
+runs exactly as in ``apply`` (our solvers use ``lax.while_loop`` on a pure function, which Haiku
+allows inside a transform — only ``hk.while_loop`` refuses to run during init).
+
+**Train/eval.** ``__call__(x, z0=None, *, is_training=True)``; ``eval_solver`` (default: ``solver``)
+is used when ``is_training=False`` (the papers solve with fewer steps or looser tolerance at
+inference).
+
+**Jacobian regularisation (JR paper Eq. 4).** ``DEQ.solve(...)`` (= ``deq(..., full_output=True)``)
+returns a :class:`DEQOutput` ``(z_star, solution, cell_fn, jacobian_frobenius_sq)``. ``cell_fn``
+is ``z ↦ f_θ(z; x)`` of this very forward pass (same parameters, masks, key; batched like
+``z_star``) for external regularisers, e.g.
+``dq.jacobian.frobenius_sq(out.cell_fn, stop_gradient(out.z_star), key)`` under a Bernoulli gate;
+``jacobian_samples=M > 0`` fills ``jacobian_frobenius_sq`` with the Hutchinson estimate
+``‖J_f(z*)‖²_F / d`` at ``stop_gradient(z*)`` (the batch mean of per-example values), differentiable
+w.r.t. the cell parameters (as in the JR reference code, no gradient flows through ``z*`` itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+from typing import Any, Callable, NamedTuple
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+
+from deqjax._src import adjoints, tree
+from deqjax._src import fixed_point as fixed_point_lib
+from deqjax._src import jacobian as jacobian_lib
+from deqjax._src.solvers import anderson as anderson_lib
+from deqjax._src.solvers import base
+
+PyTree = Any
+Cell = Callable[..., PyTree]
+
+_PREPARE = "prepare"
+_STEP = "step"
+_phase_stack = threading.local()
+
+
+class _Phase:
+    """One pass of the cell inside a DEQ; ``values`` caches this pass's per-forward values."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.values: dict[tuple[str, str], PyTree] = {}
+
+
+def _current_phase() -> _Phase | None:
+    stack = getattr(_phase_stack, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def _phase(kind: str):
+    if not hasattr(_phase_stack, "stack"):
+        _phase_stack.stack = []
+    _phase_stack.stack.append(_Phase(kind))
+    try:
+        yield
+    finally:
+        _phase_stack.stack.pop()
+
+
+def per_forward(name: str, compute: Callable[[], PyTree]) -> PyTree:
+    """A value computed once per DEQ forward pass and held fixed across solver iterations.
+
+    Call it inside a Haiku module of a cell for anything that depends on parameters, the input
+    ``x`` or randomness but not on the state ``z`` (normalised weights, dropout masks, input
+    injections). Inside a :class:`DEQ`, ``compute()`` runs once per forward pass, outside the
+    solver loop; every solver iteration and the backward pass reuse its value, and gradients flow
+    through it to the parameters. A module calling it several times with the same ``name`` in one
+    cell evaluation gets the first value each time (e.g. one dropout module applied twice shares
+    one mask). Outside a DEQ it just returns ``compute()``.
+
+    Args:
+      name: a name unique within the calling module (it names a Haiku state entry).
+      compute: zero-argument function returning a pytree of arrays; may call
+        ``hk.get_parameter`` and ``hk.next_rng_key``; must not depend on ``z``.
+
+    Returns:
+      ``compute()``'s value (recorded or replayed).
+
+    Example:
+      >>> inj = per_forward("injection", lambda: x @ hk.get_parameter("U", [dx, d], init=u_init))
+    """
+    phase = _current_phase()
+    if phase is None:
+        return compute()
+    if phase.kind == _STEP:
+        return hk.get_state(name)
+    key = (hk.experimental.current_name(), name)
+    if key not in phase.values:
+        phase.values[key] = compute()
+        hk.set_state(name, phase.values[key])
+    return phase.values[key]
+
+
+class DEQOutput(NamedTuple):
+    """What :meth:`DEQ.solve` returns.
+
+    Attributes:
+      z_star: the equilibrium ``z*``, a pytree like the state, differentiable (per ``adjoint``).
+      solution: the forward :class:`~deqjax.solvers.Solution`; per-example mode: every field has
+        a leading batch axis (``num_steps`` ``[B]``, ``trace`` ``[B, max_steps]``...).
+      cell_fn: ``z ↦ f_θ(z; x)`` of this forward pass (same parameters, dropout masks and key),
+        batched like ``z_star``; differentiable in the parameters. Use it only inside the same
+        Haiku transform (it closes over traced values), e.g. for Jacobian regularisers.
+      jacobian_frobenius_sq: Hutchinson estimate of ``‖J_f(z*)‖²_F / d`` at ``stop_gradient(z*)``
+        (JR paper, Eq. 3–4; the batch mean of per-example values), differentiable in the cell
+        parameters; ``None`` unless ``jacobian_samples > 0``.
+    """
+
+    z_star: PyTree
+    solution: base.Solution
+    cell_fn: Callable[[PyTree], PyTree]
+    jacobian_frobenius_sq: jax.Array | None
+
+
+def _unsolved(shapes: base.Solution, value: PyTree) -> base.Solution:
+    """A Solution shaped like ``shapes`` for "no solve ran": 0 steps, +inf residuals, MAX_STEPS."""
+    full = lambda s, v: jnp.full(s.shape, v, s.dtype)  # noqa: E731
+    return base.Solution(
+        value=value,
+        num_steps=full(shapes.num_steps, 0),
+        abs_residual=full(shapes.abs_residual, jnp.inf),
+        rel_residual=full(shapes.rel_residual, jnp.inf),
+        trace=full(shapes.trace, jnp.inf),
+        status=full(shapes.status, base.MAX_STEPS),
+    )
+
+
+def _accepts_keyword(fn: Callable[..., Any], keyword: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
+
+
+def _batch_size(tree_: PyTree, name: str) -> int:
+    leaves = jax.tree_util.tree_leaves(tree_)
+    sizes = {leaf.shape[0] if jnp.ndim(leaf) else None for leaf in leaves}
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(
+            f"{name}: in per-example mode every leaf must have the same leading batch axis; got "
+            f"shapes {[jnp.shape(leaf) for leaf in leaves]}."
+        )
+    return sizes.pop()
+
+
+def _take_first(tree_: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(lambda a: a[:1], tree_)
+
+
+def _add_batch(tree_: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(lambda a: a[None], tree_)
+
+
+def _drop_batch(tree_: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(lambda a: a[0], tree_)
+
+
+class DEQ(hk.Module):
+    """Deep equilibrium layer: ``z* = f_θ(z*; x)`` for a Haiku cell ``f`` (DEQ paper, Eq. 3–4).
+
+    The cell's parameters live under this module's scope; the forward pass solves for the fixed
+    point with ``solver`` and the gradient is ``adjoint``'s (default: implicit differentiation, DEQ
+    paper Theorem 1), via :func:`deqjax.fixed_point`. See the module docstring for the cell
+    protocol, ``per_forward`` (computations held fixed across solver iterations), randomness and
+    how the initial state is chosen.
+
+    Args:
+      cell: ``cell(z, x) -> z`` or ``cell(z, x, *, is_training)``, built from Haiku modules and
+        written for batched arrays ``[B, ...]``.
+      solver: forward solver ``(f_z, z0) -> Solution`` used when ``is_training=True``, e.g.
+        ``functools.partial(dq.solvers.anderson, max_steps=30, tol=1e-3)``.
+      adjoint: gradient strategy (``None``: ``dq.ImplicitAdjoint()``).
+      eval_solver: solver used when ``is_training=False`` (``None``: ``solver``).
+      per_example: ``True`` (default): ``vmap`` over the leading batch axis of ``x`` and ``z0`` so
+        each example converges on its own (the cell sees batches of size 1); ``False``: one
+        solve for the whole batch (one stopping test for all examples).
+      init_state: ``x -> z0`` used when ``__call__`` gets no ``z0``; ``None``: the cell's
+        ``initial_state(x)`` method if it has one, else ``zeros_like(x)``.
+      solve_at_init: run the solve during ``init`` too. Default ``False``: ``init`` creates the
+        parameters, returns ``z* = f(z0)`` (one cell application, so downstream modules get
+        correctly shaped inputs) and a Solution with ``num_steps = 0``, ``+inf`` residuals and
+        status ``MAX_STEPS`` — compiling the solver for ``init`` would double compile time.
+      name: Haiku module name.
+
+    Raises:
+      ValueError: if ``cell``, ``solver``, ``eval_solver`` or ``init_state`` is not callable, or
+        ``adjoint`` is not a deqjax adjoint.
+
+    Example:
+      >>> def forward(x, is_training):
+      ...     deq = dq.nn.DEQ(dq.nn.MLPCell(64), solver=functools.partial(
+      ...         dq.solvers.anderson, max_steps=30, tol=1e-4))
+      ...     z, sol = deq(hk.Linear(64)(x), is_training=is_training)
+      ...     return hk.Linear(10)(z), sol
+    """
+
+    def __init__(
+        self,
+        cell: Cell,
+        *,
+        solver: base.SolverFn = anderson_lib.anderson,
+        adjoint: adjoints.Adjoint | None = None,
+        eval_solver: base.SolverFn | None = None,
+        per_example: bool = True,
+        init_state: Callable[[PyTree], PyTree] | None = None,
+        solve_at_init: bool = False,
+        name: str | None = None,
+    ):
+        super().__init__(name=name)
+        if not callable(cell):
+            raise ValueError(f"cell must be callable, got {type(cell).__name__}.")
+        if not callable(solver):
+            raise ValueError(f"solver must be callable, got {solver!r}.")
+        if eval_solver is not None and not callable(eval_solver):
+            raise ValueError(f"eval_solver must be callable or None, got {eval_solver!r}.")
+        if adjoint is None:
+            adjoint = adjoints.ImplicitAdjoint()
+        if not isinstance(adjoint, adjoints.Adjoint):
+            raise ValueError(f"adjoint must be a deqjax adjoint object, got {adjoint!r}.")
+        if init_state is not None and not callable(init_state):
+            raise ValueError(f"init_state must be callable or None, got {init_state!r}.")
+        if not isinstance(per_example, bool):
+            raise ValueError(f"per_example must be a bool, got {per_example!r}.")
+        self.cell = cell
+        self.solver = solver
+        self.eval_solver = solver if eval_solver is None else eval_solver
+        self.adjoint = adjoint
+        self.per_example = per_example
+        self.init_state = init_state
+        self.solve_at_init = solve_at_init
+        self._pass_is_training = _accepts_keyword(cell, "is_training")
+
+    def initial_state(self, x: PyTree) -> PyTree:
+        """The ``z0`` used when none is given (see ``init_state``)."""
+        if self.init_state is not None:
+            return self.init_state(x)
+        if hasattr(self.cell, "initial_state"):
+            return self.cell.initial_state(x)
+        return jax.tree_util.tree_map(jnp.zeros_like, x)
+
+    def __call__(
+        self,
+        x: PyTree,
+        z0: PyTree | None = None,
+        *,
+        is_training: bool = True,
+        jacobian_samples: int = 0,
+        jacobian_key: jax.Array | None = None,
+        full_output: bool = False,
+    ) -> tuple[PyTree, base.Solution] | DEQOutput:
+        """Solves for the equilibrium.
+
+        Args:
+          x: the input (injection), a pytree with a leading batch axis ``[B, ...]``.
+          z0: initial state (e.g. the previous segment's equilibrium); ``None``: see
+            ``init_state``.
+          is_training: selects ``solver`` vs ``eval_solver``; passed to the cell if it accepts it.
+          jacobian_samples: ``M`` probe vectors for ``DEQOutput.jacobian_frobenius_sq`` (JR paper
+            Eq. 4); 0 (default) skips the estimate. Needs ``full_output=True``.
+          jacobian_key: key of the probes; ``None``: ``hk.next_rng_key()``.
+          full_output: return a :class:`DEQOutput` instead of ``(z_star, solution)`` (same as
+            :meth:`solve`).
+
+        Returns:
+          ``(z_star, solution)``, or a :class:`DEQOutput` if ``full_output``.
+
+        Raises:
+          ValueError: for a bad ``jacobian_samples``, ``z0`` not a float pytree, or (per-example
+            mode) leaves of ``x``/``z0`` without a common leading batch axis.
+        """
+        if isinstance(jacobian_samples, bool) or not isinstance(jacobian_samples, int):
+            raise ValueError(f"jacobian_samples must be an int >= 0, got {jacobian_samples!r}.")
+        if jacobian_samples < 0:
+            raise ValueError(f"jacobian_samples must be an int >= 0, got {jacobian_samples}.")
+        if jacobian_samples and not full_output:
+            raise ValueError("jacobian_samples > 0 needs full_output=True (or use DEQ.solve).")
+        if z0 is None:
+            z0 = self.initial_state(x)
+        tree.check_float_tree(z0, "z0")
+        solver = self.solver if is_training else self.eval_solver
+        adjoint = self.adjoint
+        cell = self.cell
+        pass_is_training = self._pass_is_training
+
+        def cell_fn(x_, z_):
+            if pass_is_training:
+                return cell(z_, x_, is_training=is_training)
+            return cell(z_, x_)
+
+        inner = hk.transform_with_state(cell_fn)
+
+        def init_params(key, x_, z_):
+            with _phase(_PREPARE):
+                params, _ = inner.init(key, x_, z_)
+            return params
+
+        def prepare(params, key, x_, z_):
+            with _phase(_PREPARE):
+                _, ctx = inner.apply(params, {}, key, x_, z_)
+            return ctx
+
+        def step(p, xk, z_):  # the f(params, x, z) of dq.fixed_point
+            (params, ctx), (x_, key) = p, xk
+            with _phase(_STEP):
+                z_new, _ = inner.apply(params, ctx, key, x_, z_)
+            return z_new
+
+        def solve_batch(params, x_, z0_, key):  # arrays with a batch axis (of 1 per example)
+            ctx = prepare(params, key, x_, z0_)
+            return fixed_point_lib.fixed_point(
+                step, (params, ctx), (x_, key), z0_, solver=solver, adjoint=adjoint
+            )
+
+        def apply_cell(params, x_, z_, key):  # one f evaluation, context recomputed
+            return step((params, prepare(params, key, x_, z_)), (x_, key), z_)
+
+        if self.per_example:
+            batch = _batch_size((x, z0), "x and z0")
+            x_init, z_init = _take_first(x), _take_first(z0)
+        else:
+            x_init, z_init = x, z0
+        init_key = hk.next_rng_key() if hk.running_init() else None
+        params = hk.lift(init_params, allow_reuse=True)(init_key, x_init, z_init)
+        key = hk.maybe_next_rng_key()
+
+        if self.per_example:
+            keys = None if key is None else jax.random.split(key, batch)
+            key_axis = None if key is None else 0
+
+            def solve_one(params, x_i, z0_i, key_i):
+                z_i, sol_i = solve_batch(params, _add_batch(x_i), _add_batch(z0_i), key_i)
+                return _drop_batch(z_i), sol_i._replace(value=_drop_batch(sol_i.value))
+
+            def run_solve(params, x, z0, keys):
+                return jax.vmap(solve_one, in_axes=(None, 0, 0, key_axis))(params, x, z0, keys)
+
+            def cell_one(x_i, z_i, key_i):
+                return _drop_batch(apply_cell(params, _add_batch(x_i), _add_batch(z_i), key_i))
+
+            def bound_cell(z):
+                return jax.vmap(cell_one, in_axes=(0, 0, key_axis))(x, z, keys)
+        else:
+            keys = key
+            run_solve = solve_batch
+
+            def bound_cell(z):
+                return apply_cell(params, x, z, key)
+
+        if hk.running_init() and not self.solve_at_init:
+            # Skip the solve (compiling it for init would double the compile time): z* := f(z0),
+            # a Solution of the right structure with no steps taken.
+            z_star = bound_cell(z0)
+            sol = _unsolved(jax.eval_shape(run_solve, params, x, z0, keys)[1], z_star)
+        else:
+            z_star, sol = run_solve(params, x, z0, keys)
+
+        jac = None
+        if jacobian_samples > 0:
+            if jacobian_key is None:
+                jacobian_key = hk.next_rng_key()
+            jac = jacobian_lib.frobenius_sq(
+                bound_cell,
+                jax.lax.stop_gradient(z_star),
+                jacobian_key,
+                num_samples=jacobian_samples,
+            )
+        if full_output:
+            return DEQOutput(z_star, sol, bound_cell, jac)
+        return z_star, sol
+
+    def solve(
+        self,
+        x: PyTree,
+        z0: PyTree | None = None,
+        *,
+        is_training: bool = True,
+        jacobian_samples: int = 0,
+        jacobian_key: jax.Array | None = None,
+    ) -> DEQOutput:
+        """``self(x, z0, ..., full_output=True)``: the :class:`DEQOutput` with the cell map and JR
+        penalty. Parameters are shared with ``__call__`` (same names).
+
+        Example:
+          >>> out = deq.solve(x, jacobian_samples=1)
+          >>> loss = cross_entropy(head(out.z_star)) + gamma * out.jacobian_frobenius_sq
+        """
+        return self(
+            x,
+            z0,
+            is_training=is_training,
+            jacobian_samples=jacobian_samples,
+            jacobian_key=jacobian_key,
+            full_output=True,
+        )
