@@ -5,7 +5,7 @@
 >>> z_star, sol = dq.fixed_point(f, params, x, z0)  # differentiable in params and x
 """
 
-from deqjax import data, nn, solvers, training
+from deqjax import data, initializers, nn, solvers, theory, training
 from deqjax._src.adjoints import (
     Adjoint,
     ImplicitAdjoint,
@@ -25,7 +25,9 @@ __all__ = [
     "UnrolledAdjoint",
     "data",
     "fixed_point",
+    "initializers",
     "nn",
     "solvers",
+    "theory",
     "training",
 ]

@@ -1,0 +1,143 @@
+"""Haiku initializers drawing DEQ weights from random-matrix ensembles (init paper §2, §5.3).
+
+Each class is a thin ``hk.initializers.Initializer`` around a pure sampler of
+:mod:`deqjax._src.random_matrices`: ``__call__(shape, dtype)`` draws ``hk.next_rng_key()`` and calls
+the sampler. The reshape convention (``fan_in = prod(shape[:-1])``, matrix ``[fan_in, fan_out]``, so
+``hk.Linear``, attention projections and conv kernels all work) and the scale convention
+``E[(1/n) tr(W W^T)] = scale**2`` are documented in that module.
+
+Example:
+  >>> linear = hk.Linear(256, w_init=dq.initializers.HaarOrthogonal(0.9))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import haiku as hk
+import jax
+
+from deqjax._src import random_matrices
+
+
+class _EnsembleInitializer(hk.initializers.Initializer):
+    """Shared constructor: an eagerly validated ``scale``."""
+
+    def __init__(self, scale: float = 1.0):
+        random_matrices.check_scale(scale)
+        if isinstance(scale, jax.core.Tracer):
+            raise ValueError("scale must be a concrete number, not a traced value.")
+        self.scale = float(scale)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(scale={self.scale})"
+
+
+class Gaussian(_EnsembleInitializer):
+    """I.i.d. ``N(0, scale**2 / fan_in)``: spectrum fills the disc of radius ``scale``.
+
+    Args:
+      scale: ``E[(1/n) tr(W W^T)] = scale**2``; finite and ``>= 0``.
+
+    Raises:
+      ValueError: for an invalid ``scale``, or (at call time) a shape with fewer than 2 dimensions.
+    """
+
+    def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
+        return random_matrices.gaussian(hk.next_rng_key(), shape, scale=self.scale, dtype=dtype)
+
+
+class HaarOrthogonal(_EnsembleInitializer):
+    """``scale`` times a Haar-random (semi-)orthogonal matrix (QR with sign correction).
+
+    Square weights have every eigenvalue on ``|lambda| = scale``. Non-square: see
+    :func:`deqjax._src.random_matrices.haar_orthogonal`.
+
+    Args:
+      scale: ``(1/n) tr(W W^T) = scale**2`` (exactly, every draw); finite and ``>= 0``.
+    """
+
+    def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
+        return random_matrices.haar_orthogonal(
+            hk.next_rng_key(), shape, scale=self.scale, dtype=dtype
+        )
+
+
+class GOE(_EnsembleInitializer):
+    """Gaussian orthogonal ensemble: symmetric, off-diagonal variance ``scale**2/n``, diagonal
+    ``2 scale**2/n``; semicircle spectrum on ``[-2 scale, 2 scale]``.
+
+    Args:
+      scale: finite and ``>= 0``.
+
+    Raises:
+      ValueError: for an invalid ``scale``; at call time, for a non-square (reshaped) shape.
+    """
+
+    def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
+        return random_matrices.goe(hk.next_rng_key(), shape, scale=self.scale, dtype=dtype)
+
+
+class Antisymmetric(_EnsembleInitializer):
+    """Gaussian antisymmetric matrix (``W^T = -W``, off-diagonal variance ``scale**2/n``); purely
+    imaginary eigenvalues, semicircular on ``i [-2 scale, 2 scale]`` (init paper §5.3).
+
+    Args:
+      scale: finite and ``>= 0``.
+
+    Raises:
+      ValueError: for an invalid ``scale``; at call time, for a non-square (reshaped) shape.
+    """
+
+    def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
+        return random_matrices.antisymmetric(
+            hk.next_rng_key(), shape, scale=self.scale, dtype=dtype
+        )
+
+
+class HaarNormal(_EnsembleInitializer):
+    """Haar-random real normal matrix ``O B O^T`` with eigenvalues drawn by a user sampler
+    (init paper §5.3).
+
+    Args:
+      eigenvalue_sampler: ``(key, n) -> [n]`` eigenvalues, real (symmetric result) or complex
+        (conjugate pairs; see :func:`deqjax._src.random_matrices.haar_normal`).
+      scale: finite and ``>= 0``; each draw is normalised to ``(1/n) tr(W W^T) = scale**2``
+        unless ``normalize=False``.
+      normalize: rescale each draw's eigenvalues to unit mean square before applying ``scale``.
+
+    Raises:
+      ValueError: for an invalid ``scale`` or a non-callable sampler; at call time, for a
+        non-square shape.
+
+    Example:
+      >>> circle = lambda k, n: jnp.exp(2j * jnp.pi * jax.random.uniform(k, (n,)))
+      >>> w_init = HaarNormal(circle, 0.9)  # a Haar orthogonal matrix, built another way
+    """
+
+    def __init__(
+        self,
+        eigenvalue_sampler: random_matrices.EigenvalueSampler,
+        scale: float = 1.0,
+        *,
+        normalize: bool = True,
+    ):
+        super().__init__(scale)
+        if not callable(eigenvalue_sampler):
+            raise ValueError(f"eigenvalue_sampler must be callable, got {eigenvalue_sampler!r}.")
+        self.eigenvalue_sampler = eigenvalue_sampler
+        self.normalize = bool(normalize)
+
+    def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
+        return random_matrices.haar_normal(
+            hk.next_rng_key(),
+            shape,
+            self.eigenvalue_sampler,
+            scale=self.scale,
+            normalize=self.normalize,
+            dtype=dtype,
+        )
+
+    def __repr__(self) -> str:
+        return f"HaarNormal({self.eigenvalue_sampler!r}, scale={self.scale})"
