@@ -5,7 +5,7 @@
 >>> z_star, sol = dq.fixed_point(f, params, x, z0)  # differentiable in params and x
 """
 
-from deqjax import data, initializers, nn, solvers, theory, training
+from deqjax import data, initializers, jacobian, nn, regularization, solvers, theory, training
 from deqjax._src.adjoints import (
     Adjoint,
     ImplicitAdjoint,
@@ -26,7 +26,9 @@ __all__ = [
     "data",
     "fixed_point",
     "initializers",
+    "jacobian",
     "nn",
+    "regularization",
     "solvers",
     "theory",
     "training",

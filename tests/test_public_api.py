@@ -8,3 +8,26 @@ def test_solver_names():
         assert callable(getattr(dq.solvers, name))
     codes = {dq.solvers.CONVERGED, dq.solvers.MAX_STEPS, dq.solvers.DIVERGED, dq.solvers.NONFINITE}
     assert len(codes) == 4
+
+
+def test_package_modules_and_contract_names():
+    for name in [
+        "fixed_point",
+        "ImplicitAdjoint",
+        "PhantomAdjoint",
+        "OneStepAdjoint",
+        "UnrolledAdjoint",
+    ]:
+        assert hasattr(dq, name)
+    assert callable(dq.jacobian.frobenius_sq) and callable(dq.jacobian.spectral_radius)
+    for name in ["Gaussian", "HaarOrthogonal", "GOE"]:
+        assert hasattr(dq.initializers, name)
+    assert callable(dq.theory.linear_second_moment) and callable(dq.theory.spectral_radius)
+    for name in ["DEQ", "MLPCell", "TransformerCell", "MultiscaleCell", "TrellisCell"]:
+        assert hasattr(dq.nn, name)
+    assert hasattr(dq.nn, "WeightNorm") and hasattr(dq.nn, "VariationalDropout")
+    assert hasattr(dq.regularization, "JacobianRegularizer")
+    assert hasattr(dq.regularization, "AdaptiveGamma")
+    assert callable(dq.training.fit) and callable(dq.data.load_fashion_mnist)
+    for name in dq.__all__:
+        assert hasattr(dq, name)

@@ -1,0 +1,249 @@
+"""Jacobian diagnostics of a DEQ cell at its equilibrium (JR paper §4, Eq. 1–4).
+
+* :func:`frobenius_sq` — the Hutchinson estimate of ``‖J_f(z)‖²_F / d`` (JR paper, Eq. 3–4), through
+  vector–Jacobian products only and differentiable, so it can be used as a training penalty.
+* :func:`spectral_radius` — a power-method monitor of ``ρ(J_f(z))`` (the JR paper's Fig. 7), which
+  also reports the modulus of a dominant complex-conjugate pair.
+* :func:`backward_convergence` — runs the backward (adjoint) solve of Eq. 2 outside autodiff and
+  returns its :class:`~deqjax.solvers.Solution` (the "backward convergence" curves of Fig. 3b/10a).
+  Gradients cannot carry solver statistics out of a VJP; this is how a training loop logs them.
+
+All three take the map ``z ↦ f(z)`` at fixed parameters as a closure (e.g. ``lambda z: cell(params,
+x, z)``); ``z`` may be any pytree of float arrays and ``d`` is always its total number of entries.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from deqjax._src import implicit_diff, tree
+from deqjax._src.solvers import anderson as anderson_lib
+from deqjax._src.solvers import base
+
+PyTree = Any
+MapFn = Callable[[PyTree], PyTree]
+CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
+
+
+def _check_int(value: Any, name: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
+
+
+def _check_key(key: Any) -> None:
+    if not isinstance(key, jax.Array):
+        raise ValueError(f"key must be a jax.random key array, got {type(key).__name__}.")
+
+
+def _normal_like(key: jax.Array, z: PyTree) -> PyTree:
+    """A pytree like ``z`` of i.i.d. standard normals (one independent key per leaf)."""
+    leaves, treedef = jax.tree_util.tree_flatten(z)
+    keys = jax.random.split(key, len(leaves))
+    samples = [jax.random.normal(k, jnp.shape(leaf), leaf.dtype) for k, leaf in zip(keys, leaves)]
+    return jax.tree_util.tree_unflatten(treedef, samples)
+
+
+def frobenius_sq(f: MapFn, z: PyTree, key: jax.Array, *, num_samples: int = 1) -> jax.Array:
+    """Hutchinson estimate of ``‖J_f(z)‖²_F / d`` (JR paper, Eq. 3–4 and App. A.4).
+
+    Computes ``(1 / (M d)) Σ_m ‖ε_mᵀ J_f(z)‖²`` with ``ε_m ~ N(0, I_d)`` i.i.d., using one
+    linearisation of ``f`` and ``M = num_samples`` vector–Jacobian products (the Jacobian is never
+    formed). Since ``E‖εᵀJ‖² = tr(J Jᵀ) = ‖J‖²_F`` (Eq. 3) the estimate is unbiased; its relative
+    standard deviation is ``sqrt(2/M) ‖J Jᵀ‖_F / ‖J‖²_F``, between ``sqrt(2/(M d))`` (``J`` a
+    multiple of an orthogonal matrix) and ``sqrt(2/M)`` (``J`` of rank one) — the ``M^{-1/2}`` of
+    the JR paper §4.2.
+
+    The result is differentiable in ``z`` and in anything ``f`` closes over (e.g. the cell's
+    parameters): its gradient is what trains the model in Eq. 4.
+
+    ``d`` is the total number of entries of ``z``. For a batch stored in one array, with ``f``
+    acting per example, the Jacobian is block-diagonal and the result is the batch mean of the
+    per-example ``‖J_i‖²_F / d_i`` — the normalisation of the JR paper's reference code.
+
+    Args:
+      f: the map ``z ↦ f(z)`` (parameters and input bound, e.g. ``lambda z: cell(p, x, z)``).
+      z: the point (usually the equilibrium ``z*``), any pytree of float arrays.
+      key: a ``jax.random`` key for the probe vectors.
+      num_samples: ``M``, the number of probe vectors (``>= 1``).
+
+    Returns:
+      A scalar in the reduction dtype of ``z`` (float64 if any leaf is float64, else float32).
+
+    Raises:
+      ValueError: if ``f`` is not callable, ``z`` is not a float pytree, ``key`` is not an array,
+        or ``num_samples`` is not a positive int.
+
+    Example:
+      >>> z_star, _ = dq.fixed_point(cell, params, x, z0)
+      >>> jr = dq.jacobian.frobenius_sq(lambda z: cell(params, x, z), z_star, key)
+    """
+    if not callable(f):
+        raise ValueError(f"f must be callable, got {type(f).__name__}.")
+    tree.check_float_tree(z, "z")
+    _check_key(key)
+    _check_int(num_samples, "num_samples", 1)
+    dtype = tree.reduction_dtype(z)
+    d = tree.tree_size(z)
+    _, vjp = jax.vjp(f, z)
+    probes = jax.vmap(lambda k: _normal_like(k, z))(jax.random.split(key, num_samples))
+    (eps_j,) = jax.vmap(vjp)(probes)  # [M, ...] per leaf
+    sq = sum(jnp.sum(jnp.square(leaf.astype(dtype))) for leaf in jax.tree_util.tree_leaves(eps_j))
+    return sq / jnp.asarray(num_samples * d, dtype)
+
+
+def _ritz_radius(h11, h12, h21, h22):
+    """Largest eigenvalue modulus of the real 2×2 matrix ``[[h11, h12], [h21, h22]]``."""
+    half_trace = 0.5 * (h11 + h22)
+    det = h11 * h22 - h12 * h21
+    disc = half_trace * half_trace - det
+    sqrt_disc = jnp.sqrt(jnp.maximum(disc, 0.0))
+    real_pair = jnp.maximum(jnp.abs(half_trace + sqrt_disc), jnp.abs(half_trace - sqrt_disc))
+    complex_pair = jnp.sqrt(jnp.maximum(det, 0.0))  # |λ|² = det for a conjugate pair
+    return jnp.where(disc >= 0, real_pair, complex_pair)
+
+
+def spectral_radius(f: MapFn, z: PyTree, key: jax.Array, *, num_steps: int = 100) -> jax.Array:
+    """Power-method estimate of the spectral radius ``ρ(J_f(z)) = max_i |λ_i|`` (JR paper §4.1).
+
+    The monitor of the JR paper's Fig. 7. ``f`` is linearised once at ``z`` and ``num_steps``
+    normalised Jacobian–vector products ``v ← J v / ‖J v‖`` are run from a random Gaussian ``v``.
+    The estimate is then read off the last Krylov pair ``(v, J v)`` by a 2×2 Rayleigh–Ritz step
+    (``J²v`` costs one more JVP): the largest modulus of the eigenvalues of ``J`` projected on
+    ``span{v, J v}``. This handles the cases where plain power iteration does not settle:
+
+    * a dominant *negative* eigenvalue (``v`` flips sign every step): the estimate is ``|λ|``;
+    * dominant ``±λ`` (both signs, equal modulus): ``span{v, Jv}`` is their invariant plane;
+    * a dominant *complex-conjugate pair* ``r e^{±iθ}`` (``v`` rotates in a plane): the projected
+      2×2 matrix has the pair as eigenvalues and the estimate is ``r``.
+
+    When ``v`` has converged to a real eigenvector the plane degenerates; then the estimate is
+    ``‖J v‖`` (``= |λ|``), used whenever the part of ``J v`` orthogonal to ``v`` is below
+    ``sqrt(eps) ‖J v‖``.
+
+    Limits of the method (document them next to any plot made with it):
+
+    * Convergence is geometric in ``|λ_2| / |λ_1|`` (``|λ_3| / |λ_1|`` for a dominant pair): a
+      nearly degenerate top of the spectrum needs many steps. Two real dominant eigenvalues of
+      different moduli that are both close to the top, or more than two eigenvalues of (nearly)
+      the same modulus (e.g. a Haar-orthogonal ``J``), give an estimate that is only a
+      Rayleigh–Ritz value of a non-invariant plane: for a normal ``J`` it never exceeds ``ρ``, but
+      for a strongly non-normal ``J`` it lies anywhere in the field of values and can exceed ``ρ``
+      before convergence.
+    * A random start has zero component along the top eigenvector with probability 0 only in exact
+      arithmetic; a ``J`` that is nilpotent or has all eigenvalues 0 gives ``0``.
+    * It is a monitor: the result carries no gradient (``stop_gradient``).
+
+    For a batch stored in one array with ``f`` acting per example, the result is the maximum over
+    examples (a block-diagonal ``J``), reached at the rate of the slowest block; ``jax.vmap`` this
+    function for per-example radii.
+
+    Args:
+      f: the map ``z ↦ f(z)`` (parameters and input bound).
+      z: the point (usually the equilibrium ``z*``), any pytree of float arrays.
+      key: a ``jax.random`` key for the starting vector.
+      num_steps: power iterations (``>= 1``); the total cost is ``num_steps + 1`` JVPs.
+
+    Returns:
+      A non-negative scalar in the reduction dtype of ``z``.
+
+    Raises:
+      ValueError: for a non-callable ``f``, a non-float ``z``, a non-array ``key`` or
+        ``num_steps < 1``.
+
+    Example:
+      >>> rho = dq.jacobian.spectral_radius(lambda z: cell(params, x, z), z_star, key)
+    """
+    if not callable(f):
+        raise ValueError(f"f must be callable, got {type(f).__name__}.")
+    tree.check_float_tree(z, "z")
+    _check_key(key)
+    _check_int(num_steps, "num_steps", 1)
+    dtype = tree.reduction_dtype(z)
+    z = jax.lax.stop_gradient(jax.tree_util.tree_map(jnp.asarray, z))
+    _, jvp = jax.linearize(f, z)
+    tiny = jnp.asarray(jnp.finfo(dtype).tiny, dtype)
+
+    def normalise(v):
+        norm = tree.tree_norm(v)
+        return tree.tree_scale(1.0 / jnp.maximum(norm, tiny), v), norm
+
+    v0, _ = normalise(_normal_like(key, z))
+
+    def power_step(_, v):
+        return normalise(jvp(v))[0]
+
+    v = jax.lax.fori_loop(0, num_steps, power_step, v0)
+    jv = jvp(v)
+    jv_norm = tree.tree_norm(jv)
+    # Rayleigh–Ritz on span{v, Jv} with the orthonormal basis q1 = v, q2 ∝ Jv − (vᵀJv) v.
+    h11 = tree.tree_vdot(v, jv)
+    resid = tree.tree_axpy(-h11, v, jv)
+    resid_norm = tree.tree_norm(resid)
+    degenerate = resid_norm <= jnp.sqrt(jnp.finfo(dtype).eps) * jv_norm
+    q2 = tree.tree_scale(1.0 / jnp.maximum(resid_norm, tiny), resid)
+    jq2 = jvp(q2)
+    h12 = tree.tree_vdot(v, jq2)
+    h21 = resid_norm  # q2ᵀ J q1 = q2ᵀ Jv
+    h22 = tree.tree_vdot(q2, jq2)
+    ritz = _ritz_radius(h11, h12, h21, h22)
+    estimate = jnp.where(degenerate, jv_norm, ritz)
+    return jax.lax.stop_gradient(estimate.astype(dtype))
+
+
+def backward_convergence(
+    f: CellFn,
+    params: PyTree,
+    x: PyTree,
+    z_star: PyTree,
+    cotangent: PyTree,
+    *,
+    solver: base.SolverFn = anderson_lib.anderson,
+) -> base.Solution:
+    """Runs the backward solve ``uᵀ = uᵀ J_f(z*) + g`` (JR paper, Eq. 2) and returns its statistics.
+
+    The same solve :class:`deqjax.ImplicitAdjoint` runs inside the VJP of
+    :func:`deqjax.fixed_point` (it calls the one implementation,
+    ``implicit_diff.backward_solve``), run here on stopped-gradient inputs so that its
+    :class:`~deqjax.solvers.Solution` — steps, residuals, trace, status — can be logged. This is
+    the "backward convergence" monitor of the JR paper's Fig. 3b/10a; pass the same ``solver``
+    as the adjoint's backward solver to see what training sees.
+
+    One problem per call: ``jax.vmap`` it for a batch of per-example solves.
+
+    Args:
+      f: the cell ``f(params, x, z)``.
+      params: its parameters.
+      x: its input.
+      z_star: the (forward) fixed point.
+      cotangent: ``g = ∂ℓ/∂z*``, a pytree like ``z_star``, e.g.
+        ``jax.grad(lambda z: loss(head(z)))(z_star)``.
+      solver: the backward solver ``(h, u0) -> Solution``, e.g.
+        ``functools.partial(dq.solvers.anderson, max_steps=6, tol=1e-4)``; default ``anderson``.
+
+    Returns:
+      The backward solver's :class:`~deqjax.solvers.Solution` for ``u`` (its ``value`` is ``u``).
+
+    Raises:
+      ValueError: if ``f`` or ``solver`` is not callable or ``z_star``/``cotangent`` are not float
+        pytrees.
+
+    Example:
+      >>> g = jax.grad(lambda z: jnp.sum((z - y) ** 2))(z_star)
+      >>> sol_b = dq.jacobian.backward_convergence(cell, params, x, z_star, g, solver=bwd)
+      >>> sol_b.rel_residual, sol_b.num_steps
+    """
+    if not callable(f):
+        raise ValueError(f"f must be callable, got {type(f).__name__}.")
+    if not callable(solver):
+        raise ValueError(f"solver must be callable, got {solver!r}.")
+    tree.check_float_tree(z_star, "z_star")
+    tree.check_float_tree(cotangent, "cotangent")
+    stop = jax.lax.stop_gradient
+    sol = implicit_diff.backward_solve(
+        f, stop(params), stop(x), stop(z_star), stop(cotangent), solver
+    )
+    return stop(sol)
