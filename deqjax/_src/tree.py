@@ -29,7 +29,7 @@ def reduction_dtype(tree: PyTree) -> jnp.dtype:
 
 
 def check_float_tree(tree: PyTree, name: str) -> None:
-    """Raises ``ValueError`` naming ``name`` unless ``tree`` is a non-empty pytree of float arrays."""
+    """Raises ``ValueError`` naming ``name`` unless ``tree`` is a non-empty float pytree."""
     leaves = jax.tree_util.tree_leaves(tree)
     if not leaves:
         raise ValueError(f"{name} must be a non-empty pytree of float arrays, got {tree!r}.")
@@ -111,7 +111,7 @@ def tree_stack_zeros(x: PyTree, m: int) -> PyTree:
 
 
 def tree_set_row(stack: PyTree, i: jax.typing.ArrayLike, x: PyTree) -> PyTree:
-    """Writes ``x`` into row ``i`` of the history ``stack``; an ``i`` outside ``[0, m)`` writes nothing.
+    """Writes ``x`` into row ``i`` of ``stack``; an ``i`` outside ``[0, m)`` writes nothing.
 
     Implemented as a masked select rather than ``stack.at[i].set(x)``: inside a ``vmap``-ed
     ``while_loop`` (a batch of solves) the index is batched, the update becomes a scatter, and XLA
@@ -143,6 +143,4 @@ def tree_rows_vdot(stack: PyTree, x: PyTree) -> jax.Array:
 
 def tree_combine_rows(coeffs: jax.Array, stack: PyTree) -> PyTree:
     """``sum_i coeffs[i] * stack[i]`` for every leaf (coefficients cast to each leaf's dtype)."""
-    return jax.tree_util.tree_map(
-        lambda s: jnp.tensordot(coeffs.astype(s.dtype), s, axes=1), stack
-    )
+    return jax.tree_util.tree_map(lambda s: jnp.tensordot(coeffs.astype(s.dtype), s, axes=1), stack)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 
 from deqjax._src import tree
@@ -35,11 +34,13 @@ def anderson(
 
     i.e. ``alpha = H^{-1} 1 / (1^T H^{-1} 1)`` with ``H = G G^T + lam' I``, and mixes
 
-        x_{k+1} = beta * sum_i alpha_i f(x_i) + (1 - beta) * sum_i alpha_i x_i.
+        x_{k+1} = beta * sum_i alpha_i f(x_i) + (1 - beta) * sum_i alpha_i x_i
+                = sum_i alpha_i (x_i + beta G_i).
 
     The ridge is relative: ``lam' = lam * mean(diag(G G^T))``, so it shrinks with the residuals and
-    does not stall at tight tolerances. The Gram matrix is updated one row per step (``O(m d)``),
-    so the per-step overhead beside one evaluation of ``f`` is small.
+    does not stall at tight tolerances. The Gram matrix is updated one row per step (``O(m d)``)
+    and the history stores the mixed rows ``x_i + beta G_i`` next to ``G_i``, so a step reads each
+    of the two ``[m, ...]`` buffers once.
 
     Args:
       f: the map ``Z -> Z`` over any pytree of float arrays.
@@ -75,14 +76,19 @@ def anderson(
 
     def propose(aux, k, x, fx, gx):
         del fx
-        xs, gs, gram = aux  # [m, ...], [m, ...], [m, m]
+        # ps[i] = x_i + beta * G_i (the rows that are mixed), gs[i] = G_i: [m, ...] each.
+        # gram: [m, m].
+        ps, gs, gram = aux
         slot = k % m
-        xs = tree.tree_set_row(xs, slot, x)
-        gs = tree.tree_set_row(gs, slot, gx)
-        row = tree.tree_rows_vdot(gs, gx)  # [m]
-        gram = gram.at[slot, :].set(row).at[:, slot].set(row)
+        hit = jnp.arange(m, dtype=jnp.int32) == slot  # [m]: the row the new iterate replaces
+        p = tree.tree_axpy(beta, gx, x)
+        # Everything below reads the *old* buffers plus the new row, and the updated buffers are
+        # only written at the end: under vmap the write then fuses with the loop's per-example
+        # select into one pass over each buffer instead of a copy, a select and a re-read.
+        row = jnp.where(hit, tree.tree_vdot(gx, gx), tree.tree_rows_vdot(gs, gx))  # [m]
+        gram = jnp.where(hit[:, None], row[None, :], jnp.where(hit[None, :], row[:, None], gram))
 
-        valid = jnp.arange(m) < jnp.minimum(k + 1, m)  # [m]
+        valid = jnp.arange(m, dtype=jnp.int32) < jnp.minimum(k + 1, m)  # [m]
         both = valid[:, None] & valid[None, :]
         n_valid = jnp.sum(valid).astype(rdtype)
         scale = jnp.maximum(jnp.sum(jnp.where(valid, jnp.diagonal(gram), 0)) / n_valid, tiny)
@@ -91,9 +97,12 @@ def anderson(
         y = jnp.linalg.solve(h, valid.astype(rdtype))
         alpha = y / jnp.sum(y)  # [m], zero on unused slots
 
-        mixed_x = tree.tree_combine_rows(alpha, xs)
-        mixed_g = tree.tree_combine_rows(alpha, gs)
-        return tree.tree_axpy(beta, mixed_g, mixed_x), (xs, gs, gram)
+        # sum_i alpha_i (x_i + beta G_i), with the slot's row taken from the new iterate.
+        alpha_slot = jnp.sum(jnp.where(hit, alpha, 0))
+        mixed = tree.tree_axpy(alpha_slot, p, tree.tree_combine_rows(jnp.where(hit, 0, alpha), ps))
+        ps = tree.tree_set_row(ps, slot, p)
+        gs = tree.tree_set_row(gs, slot, gx)
+        return mixed, (ps, gs, gram)
 
     aux0 = (tree.tree_stack_zeros(z0, m), tree.tree_stack_zeros(z0, m), jnp.zeros((m, m), rdtype))
     return base.solve(

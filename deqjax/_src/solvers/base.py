@@ -10,7 +10,7 @@ Stopping, checked after each evaluation in this order:
 
 1. ``r_k <= tol``                          -> ``CONVERGED``
 2. ``f(x_k)`` or ``r_k`` not finite          -> ``NONFINITE``
-3. ``r_k > divergence_factor * min_{j<k} r_j`` -> ``DIVERGED`` (the "protective break" of the DEQ code)
+3. ``r_k > divergence_factor * min_{j<k} r_j`` -> ``DIVERGED`` ("protective break" of the DEQ code)
 4. ``k + 1 == max_steps``                   -> ``MAX_STEPS``
 
 No branch raises or prints, so a solve can run under ``jit`` and ``vmap`` (where each example
@@ -120,13 +120,14 @@ def check_common_args(
     out_struct = jax.tree_util.tree_structure(out)
     if in_struct != out_struct:
         raise ValueError(
-            f"f must return a pytree with the structure of z0: got {out_struct}, expected {in_struct}."
+            f"f must return a pytree with the structure of z0: got {out_struct}, "
+            f"expected {in_struct}."
         )
     for a, b in zip(jax.tree_util.tree_leaves(z0), jax.tree_util.tree_leaves(out)):
-        if np.shape(a) != b.shape or np.result_type(a) != b.dtype:
+        if np.shape(a) != b.shape or a.dtype != b.dtype:
             raise ValueError(
                 "f must preserve the shape and dtype of every leaf of z0: got "
-                f"{b.dtype}{list(b.shape)} for a leaf of {np.result_type(a)}{list(np.shape(a))}."
+                f"{b.dtype}{list(b.shape)} for a leaf of {a.dtype}{list(np.shape(a))}."
             )
     return z0
 
@@ -161,6 +162,7 @@ def solve(
     """Runs a proposal rule on the bounded loop and assembles the :class:`Solution`."""
     rdtype = tree.reduction_dtype(z0)
     inf = jnp.array(jnp.inf, rdtype)
+    step_ids = jnp.arange(max_steps, dtype=jnp.int32)
 
     def cond_fun(c: _Carry) -> jax.Array:
         return c.status == _RUNNING
@@ -170,15 +172,17 @@ def solve(
         gx = tree.tree_sub(fx, c.x)
         # Residuals steer the loop but are not differentiated (sqrt has no derivative at 0).
         abs_res = jax.lax.stop_gradient(tree.tree_norm(gx))
-        rel_res = abs_res / (
-            jax.lax.stop_gradient(tree.tree_norm(fx)) + jnp.asarray(_REL_EPS, rdtype)
-        )
+        fx_norm = jax.lax.stop_gradient(tree.tree_norm(fx))
+        rel_res = abs_res / (fx_norm + jnp.asarray(_REL_EPS, rdtype))
         res = rel_res if stop_mode == "rel" else abs_res
         best_res = c.best_rel if stop_mode == "rel" else c.best_abs
-        finite = jnp.isfinite(res) & jnp.isfinite(abs_res) & tree.tree_all_finite(fx)
+        # A NaN or inf entry of f(x) propagates into ||f(x)||, so checking the two norms replaces a
+        # separate pass over f(x) (a norm that overflows also counts as non-finite). CONVERGED
+        # requires finiteness too: an overflowing ||f(x)|| would otherwise give rel_res = 0.
+        finite = jnp.isfinite(abs_res) & jnp.isfinite(fx_norm)
         improved = finite & (res < best_res)
         status = jnp.where(
-            res <= tol,
+            finite & (res <= tol),
             CONVERGED,
             jnp.where(
                 ~finite,
@@ -198,7 +202,8 @@ def solve(
             best_x=tree.tree_where(improved, c.x, c.best_x),
             best_abs=jnp.where(improved, abs_res, c.best_abs),
             best_rel=jnp.where(improved, rel_res, c.best_rel),
-            trace=c.trace.at[c.k].set(jnp.where(finite, res, inf)),
+            # A masked select, not .at[k].set: under vmap k is batched and a scatter is slow.
+            trace=jnp.where(step_ids == c.k, jnp.where(finite, res, inf), c.trace),
             status=status,
         )
 

@@ -21,7 +21,9 @@ _MAX_BACKTRACKS = 5
 class _BroydenState(NamedTuple):
     us: PyTree  # [memory, ...] columns u_i of the low-rank part of the inverse Jacobian
     vs: PyTree  # [memory, ...] rows v_i^T
-    num_updates: jax.Array  # int32 []: Sherman–Morrison updates made (ring slot = num_updates % memory)
+    num_updates: (
+        jax.Array
+    )  # int32 []: Sherman–Morrison updates made (ring slot = num_updates % memory)
     x_base: PyTree  # the last accepted iterate
     g_base: PyTree  # g(x_base)
     direction: PyTree  # the quasi-Newton step -J^{-1} g(x_base) from x_base
@@ -83,7 +85,9 @@ def broyden(
       ValueError: for invalid arguments (named in the message).
     """
     z0 = base.check_common_args(f, z0, max_steps=max_steps, tol=tol, stop_mode=stop_mode, loop=loop)
-    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory < 1):
+    if memory is not None and (
+        isinstance(memory, bool) or not isinstance(memory, int) or memory < 1
+    ):
         raise ValueError(f"memory must be None or an int >= 1, got {memory!r}.")
     if not isinstance(line_search, bool):
         raise ValueError(f"line_search must be a bool, got {line_search!r}.")
@@ -105,7 +109,9 @@ def broyden(
         # Accept: Broyden update with dx = x - x_base, dg = gx - g_base, then a new direction.
         dx = tree.tree_sub(x, s.x_base)
         jinv_g = _matvec(s.us, s.vs, gx)  # J^{-1} g(x) before the update
-        jinv_dg = tree.tree_add(jinv_g, s.direction)  # J^{-1}(g - g_base); direction = -J^{-1} g_base
+        jinv_dg = tree.tree_add(
+            jinv_g, s.direction
+        )  # J^{-1}(g - g_base); direction = -J^{-1} g_base
         v = _rmatvec(s.us, s.vs, dx)
         denom = tree.tree_vdot(v, tree.tree_sub(gx, s.g_base))
         ok = (k > 0) & (jnp.abs(denom) > tiny) & jnp.isfinite(denom)
@@ -113,12 +119,10 @@ def broyden(
         u = tree.tree_scale(inv_denom, tree.tree_sub(dx, jinv_dg))
         v = tree.tree_where(ok, v, tree.tree_zeros_like(v))
         # A skipped update (first step, tiny or non-finite denominator) leaves the buffers as they
-        # are: the slot is rewritten with its own contents.
-        slot = s.num_updates % mem
-        old_u = jax.tree_util.tree_map(lambda b: b[slot], s.us)
-        old_v = jax.tree_util.tree_map(lambda b: b[slot], s.vs)
-        us = tree.tree_set_row(s.us, slot, tree.tree_where(ok, u, old_u))
-        vs = tree.tree_set_row(s.vs, slot, tree.tree_where(ok, v, old_v))
+        # are: it writes to row -1, which tree_set_row ignores.
+        slot = jnp.where(ok, s.num_updates % mem, -1)
+        us = tree.tree_set_row(s.us, slot, u)
+        vs = tree.tree_set_row(s.vs, slot, v)
         # New direction -J_new^{-1} g with J_new^{-1} g = J^{-1} g + u (v^T g).
         direction = tree.tree_scale(-1.0, tree.tree_axpy(tree.tree_vdot(v, gx), u, jinv_g))
         accepted = _BroydenState(
@@ -136,9 +140,7 @@ def broyden(
 
         half = s.step / 2
         rejected = s._replace(step=half, backtracks=s.backtracks + 1)
-        new_state = jax.tree_util.tree_map(
-            lambda a, b: jnp.where(accept, a, b), accepted, rejected
-        )
+        new_state = jax.tree_util.tree_map(lambda a, b: jnp.where(accept, a, b), accepted, rejected)
         next_x = tree.tree_where(
             accept,
             tree.tree_add(x, direction),

@@ -1,0 +1,57 @@
+"""Pytree arithmetic: values against numpy, mixed dtypes under strict promotion, history buffers."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from deqjax._src import tree
+
+
+def mixed():
+    x = {"a": jnp.asarray([1.0, 2.0, 3.0], jnp.float32), "b": (jnp.arange(8.0).reshape(2, 4),)}
+    y = {"a": jnp.asarray([0.5, -1.0, 2.0], jnp.float32), "b": (jnp.ones((2, 4)),)}
+    return x, y
+
+
+def test_vdot_norm_mixed_dtypes():
+    x, y = mixed()
+    assert tree.reduction_dtype(x) == jnp.float64
+    assert tree.reduction_dtype(x["a"]) == jnp.float32
+    assert tree.reduction_dtype(jnp.ones(2, jnp.bfloat16)) == jnp.float32
+    v = tree.tree_vdot(x, y)
+    assert v.dtype == jnp.float64
+    np.testing.assert_allclose(v, 0.5 - 2 + 6 + 28)
+    np.testing.assert_allclose(tree.tree_norm(x), np.sqrt(14 + 140))
+
+
+def test_axpy_where_keep_leaf_dtypes():
+    x, y = mixed()
+    out = tree.tree_axpy(jnp.asarray(2.0, jnp.float64), x, y)
+    assert out["a"].dtype == jnp.float32 and out["b"][0].dtype == jnp.float64
+    np.testing.assert_allclose(out["a"], [2.5, 3.0, 8.0])
+    np.testing.assert_allclose(tree.tree_where(jnp.asarray(False), x, y)["b"][0], np.ones((2, 4)))
+    assert bool(tree.tree_all_finite(x))
+    assert not bool(tree.tree_all_finite({"a": jnp.asarray([1.0, jnp.nan])}))
+
+
+def test_history_rows():
+    x, y = mixed()
+    stack = tree.tree_stack_zeros(x, 3)
+    assert stack["b"][0].shape == (3, 2, 4)
+    stack = tree.tree_set_row(stack, 1, x)
+    stack = tree.tree_set_row(stack, 2, y)
+    stack = tree.tree_set_row(stack, -1, y)  # out of range: writes nothing
+    np.testing.assert_array_equal(stack["a"][0], 0.0)
+    np.testing.assert_allclose(tree.tree_rows_vdot(stack, x), [0, 14 + 140, 4.5 + 28])
+    comb = tree.tree_combine_rows(jnp.asarray([5.0, 2.0, -1.0]), stack)
+    np.testing.assert_allclose(comb["a"], 2 * np.asarray(x["a"]) - np.asarray(y["a"]))
+    assert comb["a"].dtype == jnp.float32
+
+
+def test_check_float_tree():
+    tree.check_float_tree({"a": jnp.zeros(2, jnp.float32)}, "z0")
+    with pytest.raises(ValueError, match="z0"):
+        tree.check_float_tree({"a": jnp.zeros(2, jnp.int32)}, "z0")
+    with pytest.raises(ValueError, match="state"):
+        tree.check_float_tree((), "state")
+    assert tree.tree_size(mixed()[0]) == 11
