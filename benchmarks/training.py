@@ -1,0 +1,204 @@
+"""The main job's train step: throughput on 1 and 2 CPU devices; NFE and accuracy with/without JR.
+
+Two parts (issue 7, Benchmark):
+
+* **Throughput**: the jitted, pmapped train step of ``experiments/fashion_mnist.py`` at its default
+  model and batch (DEQ width 128, Anderson 20 steps / tol 1e-3 forward, implicit Anderson backward,
+  JR ``γ = 1``, ``p = 0.5``), on Fashion-MNIST batches. Median step time over ``--repeats`` steps
+  after a warm-up (compile), examples/s = global batch / step time. The 2-device row runs in a
+  subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` (read at JAX start-up):
+  the same global batch split over two CPU "devices" that share the machine's cores.
+* **JR on/off**: short runs of the main job (``--epochs``, default 1 epoch of the full training
+  set) without JR, with JR at a fixed ``γ`` and with the adaptive ``γ``: final test accuracy, mean
+  train / test forward NFE, test relative residual, backward residual and spectral radius at the
+  last diagnostics step, and wall time.
+
+Usage (from the repository root)::
+
+    python -m benchmarks.training                    # both parts, markdown to stdout
+    python -m benchmarks.training --skip_jr --repeats 20
+    python -m benchmarks.training --worker OUT.json  # one throughput measurement (internal)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_ROOT, "experiments"))
+
+
+def measure_throughput(repeats: int, batch_size: int, jr: bool, dataset: str) -> dict:
+    """Times the main job's train step on every local device (run in a fresh process)."""
+    import fashion_mnist as fm
+    import jax
+
+    from deqjax import data, training
+
+    argv = ["--dataset", dataset, "--batch_size", str(batch_size)] + ([] if jr else ["--no_jr"])
+    args = fm.parse_args(argv)
+    train_set, _, source = fm.load_data(dataset, train_size=20 * batch_size, seed=0)
+    reg, _ = fm.make_jr(args)
+    model = fm.build_model(fm.model_config(args), regularizer=reg)
+    devices = jax.local_devices()
+    _, opt = fm.make_schedule_and_optimizer(args, 1000)
+    step_fn = training.make_train_step(
+        fm.make_loss_fn(model, gamma=args.gamma), opt, per_device_rng=False, devices=devices
+    )
+    params = fm.init_params(model, 0, train_set["image"])
+    state = training.replicate(
+        training.create_train_state(params, opt, jax.random.PRNGKey(0)), devices
+    )
+    it = data.ShuffledBatches(train_set, batch_size=batch_size, seed=0)
+    t0 = time.perf_counter()
+    state, metrics = step_fn(state, training.shard(next(it), devices))
+    jax.block_until_ready(metrics)
+    compile_s = time.perf_counter() - t0
+    times, nfes = [], []
+    for _ in range(repeats):
+        batch = training.shard(next(it), devices)
+        t0 = time.perf_counter()
+        state, metrics = step_fn(state, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - t0)
+        nfes.append(float(training.unreplicate(metrics)["nfe"]))
+    step_s = statistics.median(times)
+    return {
+        "devices": len(devices),
+        "batch_size": batch_size,
+        "jr": jr,
+        "data": source,
+        "step_ms_median": 1e3 * step_s,
+        "step_ms_min": 1e3 * min(times),
+        "examples_per_s": batch_size / step_s,
+        "first_step_s_incl_compile": compile_s,
+        "nfe_mean": statistics.mean(nfes),
+        "jax": jax.__version__,
+        "platform": jax.devices()[0].platform,
+    }
+
+
+def run_worker(devices: int, args) -> dict:
+    """Runs :func:`measure_throughput` in a subprocess with ``devices`` fake CPU devices."""
+    env = dict(os.environ)
+    flags = env.get("XLA_FLAGS", "")
+    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+    env["JAX_PLATFORMS"] = env.get("JAX_PLATFORMS", "cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        cmd = [sys.executable, "-m", "benchmarks.training", "--worker", out]
+        cmd += ["--repeats", str(args.repeats), "--batch_size", str(args.batch_size)]
+        cmd += ["--dataset", args.dataset] + ([] if args.jr else ["--no_jr"])
+        subprocess.run(cmd, check=True, env=env, cwd=_ROOT, timeout=1800)
+        with open(out) as f:
+            return json.load(f)
+
+
+def jr_comparison(args) -> list[dict]:
+    """Short main-job runs without JR, with fixed γ, with adaptive γ."""
+    import fashion_mnist as fm
+
+    from deqjax import training
+
+    variants = [
+        ("no JR", ["--no_jr"]),
+        ("JR γ=1, p=0.5", ["--gamma", "1.0", "--jr_p", "0.5"]),
+        ("JR adaptive γ (init 1, target = tol)", ["--gamma", "1.0", "--adaptive_gamma"]),
+    ]
+    rows = []
+    for name, extra in variants:
+        with tempfile.TemporaryDirectory() as out:
+            argv = ["--dataset", args.dataset, "--epochs", str(args.epochs), "--out_dir", out]
+            argv += ["--no_progress", "--diagnostics_every", "100", "--checkpoint_every", "0"]
+            t0 = time.perf_counter()
+            summary = fm.main(argv + extra)
+            wall = time.perf_counter() - t0
+            records = training.read_jsonl(os.path.join(out, "metrics.jsonl"))
+        train = [r for r in records if r["split"] == "train"]
+        diag = [r for r in records if r["split"] == "diagnostics"]
+        test = summary["test"]
+        rows.append(
+            {
+                "variant": name,
+                "test_accuracy": test["accuracy"],
+                "test_nfe": test["nfe"],
+                "test_rel_residual": test["rel_residual"],
+                "train_nfe_mean": statistics.mean(r["nfe"] for r in train),
+                "train_nfe_last": train[-1]["nfe"],
+                "gamma_last": train[-1].get("jr/gamma", 0.0),
+                "bwd_rel_residual_last": diag[-1]["bwd_rel_residual"] if diag else float("nan"),
+                "spectral_radius_last": diag[-1]["spectral_radius"] if diag else float("nan"),
+                "jac_frobenius_last": diag[-1]["jac_frobenius"] if diag else float("nan"),
+                "steps": summary["num_steps"],
+                "wall_s": wall,
+            }
+        )
+        print(f"{name}: {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--worker", default=None, help="internal: write one measurement to this JSON")
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--batch_size", type=int, default=128)
+    p.add_argument("--dataset", default="fashion_mnist", choices=("fashion_mnist", "digits"))
+    p.add_argument("--no_jr", dest="jr", action="store_false")
+    p.add_argument("--devices", default="1,2", help="device counts for the throughput table")
+    p.add_argument("--epochs", type=int, default=1, help="epochs of the JR on/off runs")
+    p.add_argument("--skip_jr", action="store_true", help="skip the JR on/off runs")
+    p.add_argument("--skip_throughput", action="store_true")
+    args = p.parse_args(argv)
+    if args.worker:
+        result = measure_throughput(args.repeats, args.batch_size, args.jr, args.dataset)
+        with open(args.worker, "w") as f:
+            json.dump(result, f)
+        return
+    lines = []
+    if not args.skip_throughput:
+        rows = [run_worker(int(n), args) for n in args.devices.split(",")]
+        lines += [
+            f"Train step of the main job ({rows[0]['data']}; jax {rows[0]['jax']}, "
+            f"{rows[0]['platform']}; global batch {args.batch_size}, "
+            f"JR {'on' if args.jr else 'off'}; median of {args.repeats} steps after compile).",
+            "",
+            "| devices | step (ms, median) | step (ms, min) | examples/s | forward NFE | "
+            "first step incl. compile (s) |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['devices']} | {r['step_ms_median']:.1f} | {r['step_ms_min']:.1f} | "
+                f"{r['examples_per_s']:.0f} | {r['nfe_mean']:.1f} | "
+                f"{r['first_step_s_incl_compile']:.1f} |"
+            )
+        lines.append("")
+    if not args.skip_jr:
+        rows = jr_comparison(args)
+        lines += [
+            f"Short runs of the main job ({args.epochs} epoch(s), default flags otherwise):",
+            "",
+            "| variant | test acc | test NFE | test rel res | train NFE mean / last | γ last | "
+            "bwd rel res | ρ(J) | ‖J‖_F | wall (s) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['variant']} | {r['test_accuracy']:.4f} | {r['test_nfe']:.2f} | "
+                f"{r['test_rel_residual']:.1e} | {r['train_nfe_mean']:.2f} / "
+                f"{r['train_nfe_last']:.2f} | {r['gamma_last']:.3g} | "
+                f"{r['bwd_rel_residual_last']:.1e} | {r['spectral_radius_last']:.3f} | "
+                f"{r['jac_frobenius_last']:.2f} | {r['wall_s']:.0f} |"
+            )
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
