@@ -14,10 +14,12 @@ the scratch buffers XLA plans for activations, not a measured peak RSS) and a st
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
 import time
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import haiku as hk
@@ -126,3 +128,16 @@ def write_json(path: str, obj: Any) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as fh:
         json.dump(obj, fh, indent=2, default=str)
+
+
+def parse_with_smoke_defaults(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, smoke_defaults: dict[str, Any]
+) -> argparse.Namespace:
+    """Parses ``argv``; with ``--smoke`` the parser's defaults become ``smoke_defaults`` first.
+
+    ``--smoke`` changes the defaults only: flags given explicitly still win.
+    """
+    known, _ = parser.parse_known_args(argv)
+    if known.smoke:
+        parser.set_defaults(**smoke_defaults)
+    return parser.parse_args(argv)

@@ -165,16 +165,23 @@ def parse_args(argv: Sequence[str] | None):
     p.add_argument("--out_dir", default="runs/cifar10_mdeq")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--no_progress", dest="progress", action="store_false")
-    # --smoke changes the defaults only: flags given explicitly still win.
-    known, _ = p.parse_known_args(argv)
-    if known.smoke:
-        smoke_defaults = {}
-        smoke_defaults.update(zip(["channels", "num_groups", "expansion"], ("4,8", 2, 1)))
-        smoke_defaults.update(zip(["max_steps", "steps", "batch_size"], (3, 2, 4)))
-        smoke_defaults.update(zip(["train_size", "test_size", "eval_batch_size"], (64, 16, 16)))
-        smoke_defaults.update(zip(["gammas", "budgets"], ("0,1.0", "1,3")))
-        p.set_defaults(**smoke_defaults)
-    return p.parse_args(argv)
+    return common.parse_with_smoke_defaults(
+        p,
+        argv,
+        {
+            "channels": "4,8",
+            "num_groups": 2,
+            "expansion": 1,
+            "max_steps": 3,
+            "steps": 2,
+            "batch_size": 4,
+            "train_size": 64,
+            "test_size": 16,
+            "eval_batch_size": 16,
+            "gammas": "0,1.0",
+            "budgets": "1,3",
+        },
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -157,14 +157,19 @@ def parse_args(argv: Sequence[str] | None):
     p.add_argument("--out_dir", default="runs/copy_memory")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, a few steps")
     p.add_argument("--no_progress", dest="progress", action="store_false")
-    # --smoke changes the defaults only: flags given explicitly still win.
-    known, _ = p.parse_known_args(argv)
-    if known.smoke:
-        smoke_defaults = {}
-        smoke_defaults.update(zip(["seq_len", "d_model", "depth", "max_steps"], (8, 16, 2, 4)))
-        smoke_defaults.update(zip(["steps", "batch_size", "eval_batch_size"], (3, 4, 8)))
-        p.set_defaults(**smoke_defaults)
-    return p.parse_args(argv)
+    return common.parse_with_smoke_defaults(
+        p,
+        argv,
+        {
+            "seq_len": 8,
+            "d_model": 16,
+            "depth": 2,
+            "max_steps": 4,
+            "steps": 3,
+            "batch_size": 4,
+            "eval_batch_size": 8,
+        },
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -207,19 +207,22 @@ def parse_args(argv: Sequence[str] | None):
     p.add_argument("--out_dir", default="runs/language_model")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--no_progress", dest="progress", action="store_false")
-    # --smoke changes the defaults only: flags given explicitly still win.
-    known, _ = p.parse_known_args(argv)
-    if known.smoke:
-        smoke_defaults = {}
-        smoke_defaults.update(
-            zip(["vocab_size", "max_train_lines", "max_eval_lines"], (300, 1500, 200))
-        )
-        smoke_defaults.update(
-            zip(["d_model", "num_heads", "seq_len", "batch_size"], (16, 2, 16, 4))
-        )
-        smoke_defaults.update(zip(["max_steps", "steps", "eval_segments"], (4, 3, 2)))
-        p.set_defaults(**smoke_defaults)
-    return p.parse_args(argv)
+    return common.parse_with_smoke_defaults(
+        p,
+        argv,
+        {
+            "vocab_size": 300,
+            "max_train_lines": 1500,
+            "max_eval_lines": 200,
+            "d_model": 16,
+            "num_heads": 2,
+            "seq_len": 16,
+            "batch_size": 4,
+            "max_steps": 4,
+            "steps": 3,
+            "eval_segments": 2,
+        },
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
