@@ -26,6 +26,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+import deqjax as dq
 import deqjax.nn as dqnn
 from deqjax import solvers
 
@@ -50,6 +51,20 @@ def cell_input(cell: str, x: jax.Array, mems: jax.Array | None):
     return dqnn.TrellisInput(x) if mems is None else dqnn.TrellisInput(x, history=mems[:, -1:])
 
 
+ADJOINTS = ("implicit", "phantom", "unrolled")
+
+
+def make_adjoint(name: str):
+    """The DEQ gradient strategy named ``name`` (one of :data:`ADJOINTS`)."""
+    if name == "implicit":
+        return dq.ImplicitAdjoint()
+    if name == "phantom":
+        return dq.PhantomAdjoint(steps=5, tau=0.8)
+    if name == "unrolled":
+        return dq.UnrolledAdjoint()
+    raise ValueError(f"adjoint must be one of {ADJOINTS}, got {name!r}.")
+
+
 def backbone(
     x: jax.Array,
     mems: jax.Array | None,
@@ -64,10 +79,13 @@ def backbone(
     tol: float,
     is_training: bool,
     jacobian_samples: int = 0,
+    adjoint: str = "implicit",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Runs a backbone (call inside ``hk.transform``); returns ``(z [B,T,D], aux)``.
 
-    ``aux`` has ``nfe`` (forward cell evaluations; mean over the batch for the DEQ) and
+    ``aux`` has ``nfe`` (forward cell evaluations; mean over the batch for the DEQ),
+    ``rel_residual`` (the DEQ's final ``||f(z) - z|| / ||f(z)||``, batch mean; NaN for explicit
+    models) and
     ``jac_fro_sq`` (Hutchinson ``||J||_F^2 / d`` for the DEQ when ``jacobian_samples > 0``).
     """
     inp = cell_input(cell, x, mems)
@@ -75,12 +93,13 @@ def backbone(
     if kind == "deq":
         f = make_cell(cell, d_model=d_model, num_heads=num_heads, pre_ln=pre_ln)
         solver = functools.partial(solvers.anderson, max_steps=max_steps, tol=tol, m=5)
-        deq = dqnn.DEQ(f, solver=solver)
+        deq = dqnn.DEQ(f, solver=solver, adjoint=make_adjoint(adjoint))
         out = deq.solve(inp, is_training=is_training, jacobian_samples=jacobian_samples)
         nfe = jnp.mean(out.solution.num_steps.astype(jnp.float32))
         jac = out.jacobian_frobenius_sq
         return out.z_star, {
             "nfe": nfe,
+            "rel_residual": jnp.mean(out.solution.rel_residual.astype(jnp.float32)),
             "jac_fro_sq": jnp.zeros((), jnp.float32) if jac is None else jac,
         }
     z = jnp.zeros((b, t, d_model), x.dtype)
@@ -97,7 +116,11 @@ def backbone(
     for f in cells:
         z = f(z, inp, is_training=is_training)
     zero = jnp.zeros((), jnp.float32)
-    return z, {"nfe": jnp.asarray(float(depth), jnp.float32), "jac_fro_sq": zero}
+    return z, {
+        "nfe": jnp.asarray(float(depth), jnp.float32),
+        "rel_residual": jnp.full((), jnp.nan, jnp.float32),
+        "jac_fro_sq": zero,
+    }
 
 
 def compiled_temp_bytes(fn: Callable, *args) -> int | None:

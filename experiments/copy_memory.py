@@ -70,6 +70,7 @@ def build(kind: str, cell: str, args) -> hk.Transformed:
             max_steps=args.max_steps,
             tol=args.tol,
             is_training=is_training,
+            adjoint=args.adjoint,
         )
         if cell == "trellis":
             z = z[..., : args.d_model // 2]
@@ -96,43 +97,48 @@ def run_model(spec: str, args, log) -> dict:
                 jnp.float32
             )
         )
-        return jnp.mean(nll), (aux["nfe"], acc)
+        return jnp.mean(nll), (aux["nfe"], aux["rel_residual"], acc)
 
     @jax.jit
     def train_step(params, opt_state, key, inputs, targets):
-        (loss, (nfe, acc)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        (loss, (nfe, res, acc)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             params, key, inputs, targets, True
         )
         updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, nfe, acc
+        return optax.apply_updates(params, updates), opt_state, loss, nfe, res
 
     eval_fn = jax.jit(functools.partial(loss_fn, is_training=False))
     key = jax.random.PRNGKey(args.seed + 1)
-    history = []
+    history: dict[str, list[float]] = {"loss": [], "nfe": [], "rel_residual": []}
     t0 = time.perf_counter()
     for _ in tqdm.trange(args.steps, desc=spec, disable=not args.progress):
         inputs, targets = make_batch(rng, batch_size=args.batch_size, seq_len=args.seq_len)
         key, sub = jax.random.split(key)
-        params, opt_state, loss, nfe, acc = train_step(params, opt_state, sub, inputs, targets)
-        history.append(float(loss))
+        params, opt_state, loss, nfe, res = train_step(params, opt_state, sub, inputs, targets)
+        for name, value in (("loss", loss), ("nfe", nfe), ("rel_residual", res)):
+            history[name].append(float(value))
     train_s = time.perf_counter() - t0
     test_rng = np.random.default_rng(10_000 + args.seed)
     inputs, targets = make_batch(test_rng, batch_size=args.eval_batch_size, seq_len=args.seq_len)
-    test_loss, (test_nfe, test_acc) = eval_fn(params, None, inputs, targets)
+    test_loss, (test_nfe, test_res, test_acc) = eval_fn(params, None, inputs, targets)
+    tail = max(1, args.steps // 10)
     result = {
         "model": spec,
         "params": common.param_count(params),
-        "final_train_loss": float(np.mean(history[-max(1, args.steps // 10) :])),
+        "final_train_loss": float(np.mean(history["loss"][-tail:])),
         "test_loss": float(test_loss),
         "test_copy_accuracy": float(test_acc),
-        "forward_nfe_train": float(nfe),
+        "forward_nfe_train": float(np.mean(history["nfe"][-tail:])),
         "forward_nfe_eval": float(test_nfe),
+        "forward_rel_residual_train": float(np.mean(history["rel_residual"][-tail:])),
+        "forward_rel_residual_eval": float(test_res),
         "train_seconds": train_s,
         "history": history,
     }
     log(
         f"{spec:20s} params={result['params']:7d} test_loss={result['test_loss']:.4f} "
         f"copy_acc={result['test_copy_accuracy']:.3f} nfe={result['forward_nfe_eval']:.1f} "
+        f"rel_res={result['forward_rel_residual_eval']:.1e} "
         f"train_s={train_s:.1f}"
     )
     return result
@@ -149,6 +155,7 @@ def parse_args(argv: Sequence[str] | None):
     p.add_argument("--depth", type=int, default=6, help="layers of the explicit baselines")
     p.add_argument("--max_steps", type=int, default=12, help="DEQ Anderson steps")
     p.add_argument("--tol", type=float, default=1e-3)
+    p.add_argument("--adjoint", choices=common.ADJOINTS, default="implicit", help="DEQ gradient")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--eval_batch_size", type=int, default=256)
@@ -193,9 +200,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, ax_res) = plt.subplots(1, 2, figsize=(11, 4))
     for r in results:
-        ax.plot(r["history"], label=r["model"])
+        ax.plot(r["history"]["loss"], label=r["model"])
+        if r["model"].startswith("deq:"):
+            ax_res.plot(r["history"]["rel_residual"], label=r["model"])
     ax.axhline(blank_loss, color="k", ls="--", lw=0.8, label="blank-only")
     ax.set(
         xlabel="step",
@@ -204,6 +213,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
         title=f"copy memory T={args.seq_len}",
     )
     ax.legend()
+    ax_res.set(
+        xlabel="step",
+        ylabel="forward relative residual",
+        yscale="log",
+        title=f"DEQ solver (Anderson <= {args.max_steps} steps, tol {args.tol:g})",
+    )
+    if ax_res.lines:
+        ax_res.axhline(args.tol, color="k", ls=":", lw=0.8, label="tol")
+        ax_res.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(args.out_dir, "loss.png"), dpi=100)
     plt.close(fig)
