@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import common
 from deqjax import solvers
 
 DTYPE = jnp.float32
@@ -48,14 +49,8 @@ DTYPE = jnp.float32
 
 def make_problem(d: int, radius: float, batch: int, seed: int):
     """``W`` [d, d] with spectral radius ``radius``; the input injection ``U x + b`` [batch, d]."""
-    rng = np.random.default_rng(seed)
-    w = rng.normal(size=(d, d))
-    w *= radius / np.max(np.abs(np.linalg.eigvals(w)))
-    u = rng.normal(size=(d, d)) / np.sqrt(d)
-    b = 0.1 * rng.normal(size=(d,))
-    x = rng.normal(size=(batch, d))
-    inj = x @ u.T + b  # [B, d]
-    return jnp.asarray(w, DTYPE), jnp.asarray(inj, DTYPE)
+    params, x = common.tanh_layer(d, batch, radius, seed, dtype=DTYPE)
+    return params["W"], x @ params["U"].T + params["b"]
 
 
 def cell(w: jax.Array, inj: jax.Array, z: jax.Array) -> jax.Array:
