@@ -1,12 +1,25 @@
 """Shared pieces of the sequence experiments (copy memory, language model).
 
-Three sequence "backbones" over embeddings ``x: [B, T, Dx]`` (with an optional memory
-``mems: [B, M, D]`` of the previous segment's last-layer states for the transformer):
+Three sequence "backbones" over embeddings ``x: [B, T, Dx]``, each with an optional memory of the
+previous segment (Transformer-XL style, gradient stopped):
 
 * ``"deq"``: one weight-tied cell solved to its equilibrium with ``dq.nn.DEQ`` (implicit backward).
+  Memory ``mems: [B, M, D]``: the previous segment's equilibrium ``z*`` (DEQ paper §3.3/§4: one
+  state, whatever the effective depth).
 * ``"tied"``: the same weight-tied cell unrolled ``depth`` times from ``z = 0`` (explicit backprop
   through every layer; ``depth`` = the DEQ's forward NFE for a like-for-like comparison).
 * ``"untied"``: ``depth`` cells with separate weights (an ordinary deep transformer / TrellisNet).
+  For both explicit models the transformer memory is per layer, ``mems: [depth, B, M, D]``: layer
+  ``l`` attends to the previous segment's input to layer ``l`` (Transformer-XL, Dai et al. 2019
+  §3.2: ``h^{n}_τ = Layer(h^{n-1}_τ, SG(h^{n-1}_{τ-1}))``). Because these models start from
+  ``z^[0] = 0`` and inject ``x`` into every layer (as the DEQ does), layer 0's memory is the zero
+  state: the previous segment's tokens reach the current one from layer 1 on. A ``[B, M, D]``
+  memory is also accepted (every layer attends to the same states).
+
+With a memory, ``aux["new_mems"]`` holds the next segment's memory (this segment's states, last
+``M`` positions not cut: ``[B, T, D]`` for the DEQ, ``[depth, B, T, D]`` for the explicit models),
+gradient stopped. Carrying it costs ``depth`` times more for the explicit models: the DEQ paper's
+memory claim covers the carried state as well as the activations.
 
 Also: the compiled-memory proxy (XLA ``memory_analysis().temp_size_in_bytes`` of a compiled step:
 the scratch buffers XLA plans for activations, not a measured peak RSS) and a step timer.
@@ -34,14 +47,26 @@ KINDS = ("deq", "tied", "untied")
 CELLS = ("transformer", "trellis")
 
 
-def make_cell(cell: str, *, d_model: int, num_heads: int, pre_ln: bool, name: str | None = None):
-    """A transformer or trellis cell whose state has ``d_model`` features."""
+def make_cell(
+    cell: str,
+    *,
+    d_model: int,
+    num_heads: int,
+    pre_ln: bool,
+    trellis_kernel: int = 2,
+    name: str | None = None,
+):
+    """A transformer or trellis cell whose state has ``d_model`` features.
+
+    A trellis cell with kernel size ``k`` moves information ``k - 1`` positions forward per
+    evaluation, so ``n`` evaluations (DEQ solver steps or explicit layers) see ``n (k - 1)`` back.
+    """
     if cell == "transformer":
         return dqnn.TransformerCell(
             d_model, num_heads=num_heads, d_ff=2 * d_model, pre_ln=pre_ln, name=name
         )
     if cell == "trellis":
-        return dqnn.TrellisCell(d_model // 2, kernel_size=2, name=name)
+        return dqnn.TrellisCell(d_model // 2, kernel_size=trellis_kernel, name=name)
     raise ValueError(f"cell must be one of {CELLS}, got {cell!r}.")
 
 
@@ -80,47 +105,77 @@ def backbone(
     is_training: bool,
     jacobian_samples: int = 0,
     adjoint: str = "implicit",
+    trellis_kernel: int = 2,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Runs a backbone (call inside ``hk.transform``); returns ``(z [B,T,D], aux)``.
 
     ``aux`` has ``nfe`` (forward cell evaluations; mean over the batch for the DEQ),
     ``rel_residual`` (the DEQ's final ``||f(z) - z|| / ||f(z)||``, batch mean; NaN for explicit
-    models) and
-    ``jac_fro_sq`` (Hutchinson ``||J||_F^2 / d`` for the DEQ when ``jacobian_samples > 0``).
+    models),
+    ``jac_fro_sq`` (Hutchinson ``||J||_F^2 / d`` for the DEQ when ``jacobian_samples > 0``) and,
+    when ``mems`` is given, ``new_mems`` (the next segment's memory, see the module docstring).
+
+    ``mems``: ``None``; ``[B, M, D]`` (the DEQ's memory; for explicit models shared by all layers);
+    or ``[depth, B, M, D]`` for explicit models (layer ``l`` attends to ``mems[l]``).
     """
-    inp = cell_input(cell, x, mems)
     b, t = x.shape[:2]
     if kind == "deq":
-        f = make_cell(cell, d_model=d_model, num_heads=num_heads, pre_ln=pre_ln)
+        if mems is not None and mems.ndim != 3:
+            raise ValueError(f"mems of the DEQ must be [B, M, D], got shape {mems.shape}.")
+        inp = cell_input(cell, x, mems)
+        f = make_cell(
+            cell, d_model=d_model, num_heads=num_heads, pre_ln=pre_ln, trellis_kernel=trellis_kernel
+        )
         solver = functools.partial(solvers.anderson, max_steps=max_steps, tol=tol, m=5)
         deq = dqnn.DEQ(f, solver=solver, adjoint=make_adjoint(adjoint))
         out = deq.solve(inp, is_training=is_training, jacobian_samples=jacobian_samples)
         nfe = jnp.mean(out.solution.num_steps.astype(jnp.float32))
         jac = out.jacobian_frobenius_sq
-        return out.z_star, {
+        aux = {
             "nfe": nfe,
             "rel_residual": jnp.mean(out.solution.rel_residual.astype(jnp.float32)),
             "jac_fro_sq": jnp.zeros((), jnp.float32) if jac is None else jac,
         }
+        if mems is not None:
+            aux["new_mems"] = jax.lax.stop_gradient(out.z_star)
+        return out.z_star, aux
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+    if mems is not None and mems.ndim == 4 and mems.shape[0] != depth:
+        raise ValueError(f"per-layer mems must be [depth={depth}, B, M, D], got {mems.shape}.")
+    layer_mems = [
+        None if mems is None else (mems[i] if mems.ndim == 4 else mems) for i in range(depth)
+    ]
     z = jnp.zeros((b, t, d_model), x.dtype)
     if kind == "tied":
-        f = make_cell(cell, d_model=d_model, num_heads=num_heads, pre_ln=pre_ln)
+        f = make_cell(
+            cell, d_model=d_model, num_heads=num_heads, pre_ln=pre_ln, trellis_kernel=trellis_kernel
+        )
         cells = [f] * depth
     elif kind == "untied":
         cells = [
-            make_cell(cell, d_model=d_model, num_heads=num_heads, pre_ln=pre_ln, name=f"layer{i}")
+            make_cell(
+                cell,
+                d_model=d_model,
+                num_heads=num_heads,
+                pre_ln=pre_ln,
+                trellis_kernel=trellis_kernel,
+                name=f"layer{i}",
+            )
             for i in range(depth)
         ]
-    else:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
-    for f in cells:
-        z = f(z, inp, is_training=is_training)
-    zero = jnp.zeros((), jnp.float32)
-    return z, {
+    layer_inputs = []
+    for f, mem in zip(cells, layer_mems):
+        layer_inputs.append(z)
+        z = f(z, cell_input(cell, x, mem), is_training=is_training)
+    aux = {
         "nfe": jnp.asarray(float(depth), jnp.float32),
         "rel_residual": jnp.full((), jnp.nan, jnp.float32),
-        "jac_fro_sq": zero,
+        "jac_fro_sq": jnp.zeros((), jnp.float32),
     }
+    if mems is not None:
+        aux["new_mems"] = jax.lax.stop_gradient(jnp.stack(layer_inputs))  # [depth, B, T, D]
+    return z, aux
 
 
 def compiled_temp_bytes(fn: Callable, *args) -> int | None:

@@ -6,28 +6,43 @@ James Bible, labelled ``STAND-IN`` in the log and in every output file. A senten
 trained on the training split (``--vocab_size``; cached) and the splits are cut into contiguous
 segments of ``--seq_len`` tokens (``dq.data.lm_segments``, init paper App. D uses 128).
 
-Models (``--models``):
-  * ``deq``: embeddings -> ``dq.nn.DEQ(TransformerCell)`` (Anderson forward, implicit backward)
-    -> tied-free linear head. ``--pre_ln`` switches the LayerNorm placement (JR Fig. 2),
-    ``--jr_gamma > 0`` adds the JR paper's Eq. 4 penalty ``γ ||J_f(z*)||²_F / d`` (one Hutchinson
-    sample per step), ``--memory`` feeds the previous segment's equilibrium as Transformer-XL
-    memory (the stored state is carried across training steps, gradient stopped).
-  * ``tied``: the same weight-tied cell unrolled explicitly to the DEQ's measured forward NFE
+Models (``--models``), all at the same width with the same embeddings and head:
+  * ``deq``: embeddings -> ``dq.nn.DEQ(TransformerCell)`` (Anderson forward, ``--max_steps``,
+    ``--tol``; ``--adjoint`` backward, implicit by default) -> linear head. ``--pre_ln`` switches
+    the LayerNorm placement (JR Fig. 2), ``--jr_gamma > 0`` adds the JR paper's Eq. 4 penalty
+    ``γ ||J_f(z*)||²_F / d`` (one Hutchinson sample per step). Memory: the previous segment's
+    equilibrium ``z*`` (``[B, M, D]``, DEQ paper §3.3/§4).
+  * ``tied``: the same weight-tied cell unrolled explicitly to the DEQ's measured mean forward NFE
     (rounded; or ``--depth``), backprop through all layers.
   * ``untied``: an ordinary deep transformer with that many separate layers (same width).
-  With ``--memory`` the explicit models attend to their previous segment's LAST-layer output (a
-  simplification of Transformer-XL's per-layer memory).
+  The explicit models carry Transformer-XL per-layer memory (``[depth, B, M, D]``: layer ``l``
+  attends to the previous segment's input to layer ``l``; see ``_seq_common``). With
+  ``--memory`` (default) the memory is carried across training steps along the contiguous
+  streams, gradient stopped, and reset at the start of each pass over the data.
 
-Reported per model: validation perplexity, forward NFE, median train-step time, and the compiled
-train step's ``memory_analysis().temp_size_in_bytes`` (XLA's planned scratch memory, used as a
-PROXY for peak activation memory; not a measured peak), parameter count.
+Defaults (found on the KJV stand-in, see BENCHMARKS.md "Language model"): Adam at lr 5e-3 with
+global-norm clipping 0.25, 300 steps of 16 x 64 tokens, ``d_model`` 64, Anderson <= 12 steps to
+tol 1e-3. The DEQ is the most learning-rate-sensitive of the three (valid ppl after 300 steps at
+lr 1e-3 / 2e-3 / 3e-3 / 5e-3: DEQ 113 / 88 / 80 / 78, tied 88 / 78 / 76 / 74); a tighter solve
+(24 steps), the phantom or unrolled gradient did not close the gap at lr 1e-3. Pre-LN does not
+train here (``z*`` grows without bound; BENCHMARKS.md "Language model").
+
+Reported per model (log line, ``results.json``): validation perplexity (plus the add-one unigram
+perplexity of the validation split as a reference level; an untrained model sits near
+``--vocab_size``), last-10% train perplexity, forward NFE and forward relative residual
+(``aux["rel_residual"]``, train and eval; NaN for explicit models), the JR estimate
+``||J||²_F / d``, median train-step time and tokens/s, the compiled train step's XLA
+``memory_analysis()`` (``temp_size_in_bytes``: the scratch memory XLA plans, used as a PROXY for
+peak activation memory, not a measured peak; argument and output bytes alongside), the carried
+memory's shape and bytes, parameter count, wall time.
 
 Outputs in ``--out_dir`` (default ``runs/language_model``): ``config.json``, ``results.json``,
-``loss.png``.
+``loss.png`` (train NLL of every model; the DEQ's forward NFE and relative residual).
 
 Usage:
   python experiments/language_model.py --smoke
-  python experiments/language_model.py --steps 300                      # KJV stand-in, CPU
+  python experiments/language_model.py      # KJV stand-in, 300 steps/model: ~3 min on 2 CPU cores
+  python experiments/language_model.py --models deq --pre_ln --jr_gamma 0.1   # one DEQ variant
   python experiments/language_model.py --data_dir ~/data/wikitext-103 --steps 20000 --d_model 256
 """
 
@@ -84,100 +99,176 @@ def build(kind: str, args, vocab: int, depth: int) -> hk.Transformed:
             tol=args.tol,
             is_training=is_training,
             jacobian_samples=1 if (kind == "deq" and args.jr_gamma > 0 and is_training) else 0,
+            adjoint=args.adjoint,
         )
+        aux = aux | {"z_rms": jnp.sqrt(jnp.mean(jnp.square(z)))}  # pre-LN: watch it grow
         h = hk.LayerNorm(-1, True, True)(z) if args.pre_ln else z
-        return hk.Linear(vocab)(h), z, aux
+        return hk.Linear(vocab)(h), aux
 
     return hk.transform(forward)
 
 
-def run_model(kind: str, depth: int, args, vocab, train, valid, log) -> dict:
-    model = build(kind, args, vocab, depth)
-    b, t = args.batch_size, args.seq_len
-    mem0 = jnp.zeros((b, t, args.d_model), jnp.float32) if args.memory else None
-    seg0 = next(data.lm_segments(train, num_streams=b, segment_length=t, memory_length=0))
-    params = model.init(jax.random.PRNGKey(args.seed), seg0.inputs, mem0, True)
-    opt = optax.chain(optax.clip_by_global_norm(0.25), optax.adam(args.learning_rate))
-    opt_state = opt.init(params)
+def initial_mems(kind: str, depth: int, args) -> jax.Array | None:
+    """Zero memory before a stream's first segment: ``[B, M, D]`` (DEQ) or ``[depth, B, M, D]``."""
+    if not args.memory:
+        return None
+    shape = (args.batch_size, args.mem_len or args.seq_len, args.d_model)
+    return jnp.zeros(shape if kind == "deq" else (depth,) + shape, jnp.float32)
+
+
+def next_mems(aux: dict, args) -> jax.Array | None:
+    """The next segment's memory: the last ``M`` positions of ``aux["new_mems"]``."""
+    if not args.memory:
+        return None
+    return aux["new_mems"][..., -(args.mem_len or args.seq_len) :, :]
+
+
+def compile_with_memory(fn, *example_args):
+    """``jit(fn)`` compiled once for ``example_args``, and its XLA memory analysis (or ``None``)."""
+    compiled = jax.jit(fn).lower(*example_args).compile()
+    try:
+        analysis = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - backends without memory analysis
+        analysis = None
+    if analysis is None:
+        return compiled, None
+    return compiled, {
+        "temp_bytes": int(analysis.temp_size_in_bytes),
+        "argument_bytes": int(analysis.argument_size_in_bytes),
+        "output_bytes": int(analysis.output_size_in_bytes),
+    }
+
+
+def unigram_ppl(train: np.ndarray, valid: np.ndarray, vocab: int) -> float:
+    """Perplexity on ``valid`` of add-one unigram frequencies from ``train`` (a reference level)."""
+    counts = np.bincount(train, minlength=vocab).astype(np.float64) + 1.0
+    logp = np.log(counts / counts.sum())
+    return float(np.exp(-np.mean(logp[valid])))
+
+
+def make_steps(model: hk.Transformed, args):
+    """The optimizer, ``loss_fn(params, key, tokens, targets, mems, is_training)`` and the
+    (unjitted) ``train_step(params, opt_state, key, tokens, targets, mems)``."""
+    opt = optax.chain(optax.clip_by_global_norm(args.clip), optax.adam(args.learning_rate))
 
     def loss_fn(params, key, tokens, targets, mems, is_training):
-        logits, z, aux = model.apply(params, key, tokens, mems, is_training)
+        logits, aux = model.apply(params, key, tokens, mems, is_training)
         logp = jax.nn.log_softmax(logits)
         nll = jnp.mean(-jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0])
-        jac = aux["jac_fro_sq"]
-        loss = nll + args.jr_gamma * jac if (is_training and jac is not None) else nll
-        return loss, (nll, aux, jax.lax.stop_gradient(z))
+        loss = nll + args.jr_gamma * aux["jac_fro_sq"] if is_training else nll
+        return loss, (nll, aux)
 
     def train_step(params, opt_state, key, tokens, targets, mems):
-        (_, (nll, aux, z)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        (_, (nll, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             params, key, tokens, targets, mems, True
         )
         updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, nll, aux, z
+        return optax.apply_updates(params, updates), opt_state, nll, aux
+
+    return opt, loss_fn, train_step
+
+
+def run_model(kind: str, depth: int, args, vocab, train, valid, log) -> dict:
+    wall0 = time.perf_counter()
+    model = build(kind, args, vocab, depth)
+    b, t = args.batch_size, args.seq_len
+    mem0 = initial_mems(kind, depth, args)
+    seg0 = next(data.lm_segments(train, num_streams=b, segment_length=t, memory_length=0))
+    params = model.init(jax.random.PRNGKey(args.seed), seg0.inputs, mem0, True)
+    opt, loss_fn, train_step = make_steps(model, args)
+    opt_state = opt.init(params)
 
     key = jax.random.PRNGKey(args.seed + 1)
-    temp_bytes = common.compiled_temp_bytes(
+    train_step, memory = compile_with_memory(
         train_step, params, opt_state, key, seg0.inputs, seg0.targets, mem0
     )
-    train_step = jax.jit(train_step)
     eval_step = jax.jit(functools.partial(loss_fn, is_training=False))
 
-    history, nfes, times = [], [], []
+    history: dict[str, list[float]] = {
+        "nll": [],
+        "nfe": [],
+        "rel_residual": [],
+        "jac_fro_sq": [],
+        "z_rms": [],
+    }
+    times = []
     step = 0
-    mems = mem0
     bar = tqdm.tqdm(total=args.steps, desc=kind, disable=not args.progress)
     while step < args.steps:
-        mems = mem0
+        mems = mem0  # every pass over the training streams starts with an empty memory
         for seg in data.lm_segments(train, num_streams=b, segment_length=t, memory_length=0):
             if step >= args.steps:
                 break
             key, sub = jax.random.split(key)
             t0 = time.perf_counter()
-            params, opt_state, nll, aux, z = train_step(
+            params, opt_state, nll, aux = train_step(
                 params, opt_state, sub, seg.inputs, seg.targets, mems
             )
             nll = float(nll)  # blocks
             times.append(time.perf_counter() - t0)
-            history.append(nll)
-            nfes.append(float(aux["nfe"]))
-            if args.memory:
-                mems = z
+            history["nll"].append(nll)
+            history["nfe"].append(float(aux["nfe"]))
+            history["rel_residual"].append(float(aux["rel_residual"]))
+            history["jac_fro_sq"].append(float(aux["jac_fro_sq"]))
+            history["z_rms"].append(float(aux["z_rms"]))
+            mems = next_mems(aux, args)
             step += 1
             bar.update()
+            if step % 25 == 0:
+                bar.set_postfix(nll=f"{nll:.3f}", res=f"{history['rel_residual'][-1]:.1e}")
     bar.close()
+    train_s = time.perf_counter() - wall0
 
     total, count = 0.0, 0
     mems = mem0
-    eval_nfe = []
+    eval_nfe, eval_res = [], []
     for i, seg in enumerate(
         data.lm_segments(valid, num_streams=b, segment_length=t, memory_length=0)
     ):
         if i >= args.eval_segments:
             break
-        nll, (_, aux, z) = eval_step(params, None, seg.inputs, seg.targets, mems)
+        nll, (_, aux) = eval_step(params, None, seg.inputs, seg.targets, mems)
         total, count = total + float(nll), count + 1
         eval_nfe.append(float(aux["nfe"]))
-        if args.memory:
-            mems = z
+        eval_res.append(float(aux["rel_residual"]))
+        mems = next_mems(aux, args)
     step_times = times[1:] if len(times) > 1 else times
+    tail = max(1, len(history["nll"]) // 10)
+    is_deq = kind == "deq"
     result = {
         "model": kind,
-        "depth_or_max_steps": depth if kind != "deq" else args.max_steps,
+        "depth_or_max_steps": args.max_steps if is_deq else depth,
         "params": common.param_count(params),
-        "train_nll_last": float(np.mean(history[-max(1, len(history) // 10) :])),
+        "train_nll_last": float(np.mean(history["nll"][-tail:])),
+        "train_ppl_last": math.exp(float(np.mean(history["nll"][-tail:]))),
         "valid_ppl": math.exp(total / max(count, 1)),
         "valid_segments": count,
-        "forward_nfe_train": float(np.mean(nfes)),
+        "forward_nfe_train": float(np.mean(history["nfe"])),
+        "forward_nfe_train_last": float(np.mean(history["nfe"][-tail:])),
         "forward_nfe_eval": float(np.mean(eval_nfe)) if eval_nfe else None,
+        "forward_rel_residual_train_last": float(np.mean(history["rel_residual"][-tail:])),
+        "forward_rel_residual_eval": float(np.mean(eval_res)) if eval_res else None,
+        "jac_fro_sq_train_last": float(np.mean(history["jac_fro_sq"][-tail:])),
+        "z_rms_train_last": float(np.mean(history["z_rms"][-tail:])),
         "train_step_s_median": float(np.median(step_times)),
         "tokens_per_s": b * t / float(np.median(step_times)),
-        "compiled_temp_bytes": temp_bytes,
+        "compiled_temp_bytes": None if memory is None else memory["temp_bytes"],
+        "compiled_memory": memory,
+        "carried_memory_shape": None if mem0 is None else list(mem0.shape),
+        "carried_memory_bytes": 0 if mem0 is None else int(mem0.nbytes),
+        "wall_s": time.perf_counter() - wall0,
+        "train_wall_s": train_s,
         "history": history,
     }
+    res = result["forward_rel_residual_eval"]
     log(
         f"{kind:7s} params={result['params']:8d} valid_ppl={result['valid_ppl']:9.2f} "
-        f"nfe={result['forward_nfe_train']:.1f} step={1e3 * result['train_step_s_median']:.1f}ms "
-        f"tok/s={result['tokens_per_s']:.0f} temp_bytes={temp_bytes}"
+        f"train_ppl={result['train_ppl_last']:8.2f} nfe={result['forward_nfe_train']:.1f} "
+        f"rel_res(eval)={res if res is None else f'{res:.1e}'} "
+        f"z_rms={result['z_rms_train_last']:.3g} jac={result['jac_fro_sq_train_last']:.3g} "
+        f"step={1e3 * result['train_step_s_median']:.1f}ms tok/s={result['tokens_per_s']:.0f} "
+        f"temp_bytes={result['compiled_temp_bytes']} mem_bytes={result['carried_memory_bytes']} "
+        f"wall={result['wall_s']:.0f}s"
     )
     return result
 
@@ -199,10 +290,13 @@ def parse_args(argv: Sequence[str] | None):
     p.add_argument("--depth", type=int, default=0, help="explicit depth; 0: the DEQ's NFE")
     p.add_argument("--pre_ln", action="store_true")
     p.add_argument("--jr_gamma", type=float, default=0.0, help="JR weight (0: off)")
+    p.add_argument("--adjoint", choices=common.ADJOINTS, default="implicit", help="DEQ gradient")
     p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--mem_len", type=int, default=0, help="memory positions M; 0: seq_len")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval_segments", type=int, default=20)
-    p.add_argument("--learning_rate", type=float, default=1e-3)
+    p.add_argument("--learning_rate", type=float, default=5e-3)
+    p.add_argument("--clip", type=float, default=0.25, help="global gradient-norm clip")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out_dir", default="runs/language_model")
     p.add_argument("--smoke", action="store_true")
@@ -237,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "memory_proxy": "XLA compiled memory_analysis().temp_size_in_bytes of the train step",
     }
     common.write_json(os.path.join(args.out_dir, "config.json"), config)
+    ref_ppl = unigram_ppl(train, valid, tok.vocab_size)
+    print(f"reference: uniform ppl = {tok.vocab_size}, unigram ppl = {ref_ppl:.1f}")
     results = []
     deq_nfe = None
     for kind in args.models.split(","):
@@ -245,22 +341,57 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if kind == "deq":
             deq_nfe = r["forward_nfe_train"]
         results.append(r)
-    summary = {"data_source": corpus.source, "is_standin": corpus.is_standin, "results": results}
+    summary = {
+        "data_source": corpus.source,
+        "is_standin": corpus.is_standin,
+        "vocab_size": tok.vocab_size,
+        "unigram_valid_ppl": ref_ppl,
+        "results": results,
+    }
     common.write_json(os.path.join(args.out_dir, "results.json"), summary)
+    plot(results, args, corpus.source, os.path.join(args.out_dir, "loss.png"))
+    return summary
+
+
+def plot(results: list[dict], args, source: str, path: str) -> None:
+    """Train NLL of every model (left); the DEQ's forward NFE and relative residual (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, ax_nfe) = plt.subplots(1, 2, figsize=(11, 4))
     for r in results:
-        ax.plot(r["history"], label=f"{r['model']} (ppl {r['valid_ppl']:.0f})")
-    ax.set(xlabel="step", ylabel="train NLL (nats/token)", title=corpus.source[:70])
-    ax.legend()
+        depth = (
+            f"NFE {r['forward_nfe_train']:.1f}"
+            if r["model"] == "deq"
+            else f"depth {r['depth_or_max_steps']}"
+        )
+        label = f"{r['model']} ({depth}, valid ppl {r['valid_ppl']:.0f})"
+        ax.plot(r["history"]["nll"], label=label, lw=0.8)
+    title = source.split(" (")[0][:60]  # e.g. "STAND-IN: King James Bible"
+    ax.set(
+        xlabel="step", ylabel="train NLL (nats/token)", title=f"{title}, lr {args.learning_rate:g}"
+    )
+    ax.legend(fontsize=8)
+    ax_res = ax_nfe.twinx()
+    for r in results:
+        if r["model"] == "deq":
+            ax_nfe.plot(r["history"]["nfe"], color="C0", lw=0.8, label="forward NFE")
+            ax_res.plot(r["history"]["rel_residual"], color="C3", lw=0.8, label="rel. residual")
+    ax_res.axhline(args.tol, color="C3", ls=":", lw=0.8, label=f"tol {args.tol:g}")
+    ax_nfe.set(
+        xlabel="step",
+        ylabel="forward NFE",
+        ylim=(0, args.max_steps + 1),
+        title=f"DEQ forward solve (Anderson <= {args.max_steps} steps)",
+    )
+    ax_res.set(yscale="log", ylabel="forward relative residual")
+    lines = ax_nfe.get_lines() + ax_res.get_lines()
+    ax_nfe.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="upper right")
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out_dir, "loss.png"), dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-    return summary
 
 
 if __name__ == "__main__":

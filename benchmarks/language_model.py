@@ -1,0 +1,161 @@
+"""Train-step throughput and a peak-memory proxy of the LM: DEQ vs explicit transformers (issue 8).
+
+The models of ``experiments/language_model.py`` at one width (defaults: ``d_model`` 64, 4 heads,
+``d_ff`` 128, vocabulary 2000, batch 16, Transformer-XL memory of one segment, post-LN, float32):
+
+* ``deq``: the DEQ-Transformer; the forward Anderson solve runs exactly ``L`` steps (``tol = 0``),
+  so its forward NFE equals the explicit models' depth; implicit backward with the same solver
+  (``L`` Anderson steps on the adjoint system). Carried memory: one ``[B, M, D]`` state.
+* ``deq+jr``: the same with the JR penalty (one Hutchinson sample, JR paper Eq. 4).
+* ``tied``: the same weight-tied cell unrolled ``L`` times, backprop through all layers.
+* ``untied``: ``L`` separate layers (an ordinary deep transformer of the same width).
+  Both explicit models carry a per-layer memory ``[L, B, M, D]`` (Transformer-XL).
+
+For each segment length ``T`` in ``--seq_lens`` and depth/NFE ``L`` in ``--depths``: tokens/s of
+the jitted train step (``B T`` / median step time over ``--repeats`` steps after compile and one
+warm-up step) and XLA's ``compiled.memory_analysis()``: ``temp_size_in_bytes`` (the scratch buffers
+XLA plans for the step: activations kept for the backward pass, solver buffers; a PROXY for peak
+activation memory, not a measured peak RSS) and the argument bytes (parameters, optimizer state,
+batch and carried memory). Random tokens: throughput and memory do not depend on the data, and the
+DEQ's NFE is fixed by ``tol = 0``.
+
+Usage (from the repository root)::
+
+    python -m benchmarks.language_model                       # markdown table to stdout
+    python -m benchmarks.language_model --depths 8 --seq_lens 32,128 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import common
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_ROOT, "experiments"))
+import _seq_common  # noqa: E402
+import language_model as lm  # noqa: E402
+
+MODELS = ("deq", "deq+jr", "tied", "untied")
+
+
+def measure(model: str, *, depth: int, seq_len: int, args) -> dict:
+    """Compiles one train step and times it; returns the row of the table."""
+    kind = "deq" if model.startswith("deq") else model
+    gamma = args.jr_gamma if model == "deq+jr" else 0.0
+    argv = ["--d_model", str(args.d_model), "--num_heads", str(args.num_heads)]
+    argv += ["--seq_len", str(seq_len), "--batch_size", str(args.batch_size)]
+    argv += ["--max_steps", str(depth), "--tol", "0", "--jr_gamma", str(gamma)]
+    argv += (["--pre_ln"] if args.pre_ln else []) + ([] if args.memory else ["--no-memory"])
+    lm_args = lm.parse_args(argv)
+    transformed = lm.build(kind, lm_args, args.vocab_size, depth)
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, args.vocab_size, (args.batch_size, seq_len)), jnp.int32)
+    targets = jnp.asarray(rng.integers(0, args.vocab_size, (args.batch_size, seq_len)), jnp.int32)
+    mems = lm.initial_mems(kind, depth, lm_args)
+    params = transformed.init(jax.random.PRNGKey(0), tokens, mems, True)
+    opt, _, train_step = lm.make_steps(transformed, lm_args)
+    opt_state = opt.init(params)
+    key = jax.random.PRNGKey(1)
+    t0 = time.perf_counter()
+    step, memory = lm.compile_with_memory(train_step, params, opt_state, key, tokens, targets, mems)
+    compile_s = time.perf_counter() - t0
+    state = [params, opt_state]
+
+    def one_step():
+        state[0], state[1], nll, aux = step(state[0], state[1], key, tokens, targets, mems)
+        return nll, aux
+
+    jax.block_until_ready(one_step())  # warm-up
+    times, nfes = [], []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        _, aux = jax.block_until_ready(one_step())
+        times.append(time.perf_counter() - t0)
+        nfes.append(float(aux["nfe"]))
+    step_s = statistics.median(times)
+    return {
+        "model": model,
+        "seq_len": seq_len,
+        "depth": depth,
+        "params": _seq_common.param_count(params),
+        "nfe": statistics.mean(nfes),
+        "step_ms": 1e3 * step_s,
+        "tokens_per_s": args.batch_size * seq_len / step_s,
+        "temp_bytes": None if memory is None else memory["temp_bytes"],
+        "argument_bytes": None if memory is None else memory["argument_bytes"],
+        "carried_memory_bytes": 0 if mems is None else int(mems.nbytes),
+        "compile_s": compile_s,
+    }
+
+
+def _mb(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 2**20:.2f}"
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| T | L | model | params | forward NFE | step (ms, median) | tokens/s | "
+        "temp MiB (proxy) | temp vs DEQ | argument MiB | carried memory KiB | compile (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    deqs = {(r["seq_len"], r["depth"]): r for r in rows if r["model"] == "deq"}
+    for r in rows:
+        deq = deqs.get((r["seq_len"], r["depth"]))
+        ratio = (
+            f"{r['temp_bytes'] / deq['temp_bytes']:.2f}×"
+            if deq and r["temp_bytes"] and deq["temp_bytes"]
+            else "n/a"
+        )
+        lines.append(
+            f"| {r['seq_len']} | {r['depth']} | {r['model']} | {r['params']:,} | {r['nfe']:.0f} | "
+            f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {_mb(r['temp_bytes'])} | {ratio} | "
+            f"{_mb(r['argument_bytes'])} | {r['carried_memory_bytes'] / 1024:.0f} | "
+            f"{r['compile_s']:.1f} |"
+        )
+    return lines
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--depths", default="4,8,16", help="explicit depth = DEQ forward NFE")
+    p.add_argument("--seq_lens", default="64,128", help="segment lengths T (memory M = T)")
+    p.add_argument("--d_model", type=int, default=64)
+    p.add_argument("--num_heads", type=int, default=4)
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--vocab_size", type=int, default=2000)
+    p.add_argument("--jr_gamma", type=float, default=0.5, help="γ of the deq+jr row")
+    p.add_argument("--pre_ln", action="store_true")
+    p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--repeats", type=int, default=10)
+    args = p.parse_args(argv)
+    rows = []
+    for seq_len in (int(s) for s in args.seq_lens.split(",")):
+        for depth in (int(d) for d in args.depths.split(",")):
+            for model in args.models.split(","):
+                if model not in MODELS:
+                    raise ValueError(f"--models: {model!r} is not one of {MODELS}.")
+                rows.append(measure(model, depth=depth, seq_len=seq_len, args=args))
+                print(rows[-1], file=sys.stderr, flush=True)
+    print(
+        f"LM train step ({common.machine()}; d_model {args.d_model}, {args.num_heads} heads, "
+        f"d_ff {2 * args.d_model}, vocab {args.vocab_size}, batch {args.batch_size}, "
+        f"{'pre' if args.pre_ln else 'post'}-LN, memory M = T {'on' if args.memory else 'off'}, "
+        f"float32; median of {args.repeats} steps after compile + 1 warm-up). temp = XLA "
+        "compiled memory_analysis().temp_size_in_bytes: a PROXY for peak activation memory, "
+        "not a measured peak.\n"
+    )
+    print("\n".join(table(rows)))
+
+
+if __name__ == "__main__":
+    main()
