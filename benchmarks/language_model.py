@@ -66,7 +66,9 @@ def measure(model: str, *, depth: int, seq_len: int, args) -> dict:
     opt_state = opt.init(params)
     key = jax.random.PRNGKey(1)
     t0 = time.perf_counter()
-    step, memory = lm.compile_with_memory(train_step, params, opt_state, key, tokens, targets, mems)
+    step, memory = _seq_common.compile_with_memory(
+        train_step, params, opt_state, key, tokens, targets, mems
+    )
     compile_s = time.perf_counter() - t0
     state = [params, opt_state]
 

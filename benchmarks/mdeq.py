@@ -43,6 +43,7 @@ from benchmarks.common import machine
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_ROOT, "experiments"))
 
+import _seq_common  # noqa: E402
 import cifar10_mdeq as cm  # noqa: E402
 
 from deqjax import data  # noqa: E402
@@ -62,14 +63,9 @@ class Case(NamedTuple):
 def _compile(fn, *args):
     """``(compiled, temp bytes or None, compile seconds)`` of ``jax.jit(fn)`` at ``args``."""
     t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
+    compiled, memory = _seq_common.compile_with_memory(fn, *args)
     seconds = time.perf_counter() - t0
-    try:
-        analysis = compiled.memory_analysis()
-        temp = None if analysis is None else int(analysis.temp_size_in_bytes)
-    except Exception:  # noqa: BLE001 - backends without memory analysis
-        temp = None
-    return compiled, temp, seconds
+    return compiled, None if memory is None else memory["temp_bytes"], seconds
 
 
 def train_case(cfg, params, images, labels, *, gamma: float) -> Case:

@@ -178,13 +178,25 @@ def backbone(
     return z, aux
 
 
-def compiled_temp_bytes(fn: Callable, *args) -> int | None:
-    """XLA's planned temporary buffer bytes of ``jit(fn)(*args)`` (peak-memory proxy)."""
+def compile_with_memory(fn: Callable, *example_args) -> tuple[Any, dict[str, int] | None]:
+    """``jit(fn)`` compiled once for ``example_args`` and XLA's memory analysis of it.
+
+    The analysis (``temp_bytes``: the scratch buffers XLA plans, a PROXY for peak activation
+    memory, not a measured peak; ``argument_bytes``; ``output_bytes``) is ``None`` on backends
+    without one.
+    """
+    compiled = jax.jit(fn).lower(*example_args).compile()
     try:
-        analysis = jax.jit(fn).lower(*args).compile().memory_analysis()
-        return int(analysis.temp_size_in_bytes) if analysis is not None else None
+        analysis = compiled.memory_analysis()
     except Exception:  # noqa: BLE001 - backends without memory analysis
-        return None
+        analysis = None
+    if analysis is None:
+        return compiled, None
+    return compiled, {
+        "temp_bytes": int(analysis.temp_size_in_bytes),
+        "argument_bytes": int(analysis.argument_size_in_bytes),
+        "output_bytes": int(analysis.output_size_in_bytes),
+    }
 
 
 def time_steps(step: Callable[[], Any], *, repeats: int) -> float:

@@ -123,22 +123,6 @@ def next_mems(aux: dict, args) -> jax.Array | None:
     return aux["new_mems"][..., -(args.mem_len or args.seq_len) :, :]
 
 
-def compile_with_memory(fn, *example_args):
-    """``jit(fn)`` compiled once for ``example_args``, and its XLA memory analysis (or ``None``)."""
-    compiled = jax.jit(fn).lower(*example_args).compile()
-    try:
-        analysis = compiled.memory_analysis()
-    except Exception:  # noqa: BLE001 - backends without memory analysis
-        analysis = None
-    if analysis is None:
-        return compiled, None
-    return compiled, {
-        "temp_bytes": int(analysis.temp_size_in_bytes),
-        "argument_bytes": int(analysis.argument_size_in_bytes),
-        "output_bytes": int(analysis.output_size_in_bytes),
-    }
-
-
 def unigram_ppl(train: np.ndarray, valid: np.ndarray, vocab: int) -> float:
     """Perplexity on ``valid`` of add-one unigram frequencies from ``train`` (a reference level)."""
     counts = np.bincount(train, minlength=vocab).astype(np.float64) + 1.0
@@ -179,7 +163,7 @@ def run_model(kind: str, depth: int, args, vocab, train, valid, log) -> dict:
     opt_state = opt.init(params)
 
     key = jax.random.PRNGKey(args.seed + 1)
-    train_step, memory = compile_with_memory(
+    train_step, memory = common.compile_with_memory(
         train_step, params, opt_state, key, seg0.inputs, seg0.targets, mem0
     )
     eval_step = jax.jit(functools.partial(loss_fn, is_training=False))
