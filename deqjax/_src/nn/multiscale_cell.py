@@ -34,6 +34,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+from deqjax._src import checks
 from deqjax._src.nn import norms, variational_dropout, weight_norm
 
 _DN = ("NHWC", "HWIO", "NHWC")
@@ -106,14 +107,12 @@ class MultiscaleCell(hk.Module):
             isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in channels
         ):
             raise ValueError(f"channels must be a sequence of positive ints, got {channels!r}.")
-        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
-            raise ValueError(f"num_groups must be a positive int, got {num_groups!r}.")
+        checks.check_positive_int(num_groups, "num_groups")
         post_groups = max(num_groups // 2, 1)
         bad = [c for c in channels if c % num_groups]
         if bad:
             raise ValueError(f"num_groups={num_groups} must divide every channel count; {bad} not.")
-        if isinstance(expansion, bool) or not isinstance(expansion, int) or expansion < 1:
-            raise ValueError(f"expansion must be a positive int, got {expansion!r}.")
+        checks.check_positive_int(expansion, "expansion")
         if not callable(activation):
             raise ValueError(f"activation must be callable, got {activation!r}.")
         if w_init is not None and not callable(w_init):

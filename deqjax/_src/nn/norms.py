@@ -10,6 +10,8 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+from deqjax._src import checks
+
 
 class LayerNorm(hk.Module):
     """Normalises the last axis to zero mean, unit variance; learned scale and offset ``[C]``.
@@ -49,8 +51,7 @@ class GroupNorm(hk.Module):
 
     def __init__(self, groups: int, *, eps: float = 1e-5, name: str | None = None):
         super().__init__(name=name)
-        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-            raise ValueError(f"groups must be a positive int, got {groups!r}.")
+        checks.check_positive_int(groups, "groups")
         self.groups = groups
         self.eps = eps
 

@@ -26,6 +26,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+from deqjax._src import checks
 from deqjax._src.nn import norms, variational_dropout, weight_norm
 from deqjax._src.nn import relative_attention as rel_attn
 from deqjax._src.nn.deq import per_forward
@@ -48,26 +49,11 @@ class TransformerInput(NamedTuple):
     mems: jax.Array | None = None
 
 
-def _check_positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}.")
-    return value
-
-
 def _check_initializer(value: Any, name: str) -> None:
     if value is not None and not callable(value):
         raise ValueError(
             f"{name} must be an initializer (callable (shape, dtype)) or None, got {value!r}."
         )
-
-
-def _dropout(name: str, value: jax.Array, rate: float) -> jax.Array:
-    """Variational dropout over ``[B, T, ...]``: one mask value per (example, feature), shared
-    over time, drawn once per forward pass (``rate == 0``: identity, no rng needed)."""
-    if rate == 0.0:
-        return value
-    drop = variational_dropout.VariationalDropout(rate, broadcast_axes=(1,), name=name)
-    return drop(value, is_training=True)
 
 
 class TransformerCell(hk.Module):
@@ -137,8 +123,8 @@ class TransformerCell(hk.Module):
         name: str | None = None,
     ):
         super().__init__(name=name)
-        _check_positive_int(d_model, "d_model")
-        _check_positive_int(num_heads, "num_heads")
+        checks.check_positive_int(d_model, "d_model")
+        checks.check_positive_int(num_heads, "num_heads")
         if d_model % 2:
             raise ValueError(
                 f"d_model must be even (sinusoidal relative embeddings), got {d_model}."
@@ -147,7 +133,7 @@ class TransformerCell(hk.Module):
             raise ValueError(f"num_heads={num_heads} must divide d_model={d_model}.")
         if d_ff is None:
             d_ff = 4 * d_model
-        _check_positive_int(d_ff, "d_ff")
+        checks.check_positive_int(d_ff, "d_ff")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
             raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}.")
         if not 0.0 <= dropout < 1.0:
@@ -260,9 +246,9 @@ class TransformerCell(hk.Module):
         if mems is not None:
             k = jnp.concatenate([k_mem, k], axis=1)  # [B, M+T, D]
             v = jnp.concatenate([v_mem, v], axis=1)  # [B, M+T, D]
-        q = _dropout("drop_q", q, drop)
-        k = _dropout("drop_k", k, drop)
-        v = _dropout("drop_v", v, drop)
+        q = variational_dropout.time_shared_dropout("drop_q", q, drop)
+        k = variational_dropout.time_shared_dropout("drop_k", k, drop)
+        v = variational_dropout.time_shared_dropout("drop_v", v, drop)
         attn = rel_attn.relative_attention(
             q.reshape(b, t, h, dh),
             k.reshape(b, m + t, h, dh),
@@ -272,12 +258,12 @@ class TransformerCell(hk.Module):
             v_bias,
         )  # [B, T, H, Dh]
         a = attn.reshape(b, t, d) @ w_o + b_o[None, None]  # [B, T, D]
-        a = _dropout("drop_attn", a, drop)
+        a = variational_dropout.time_shared_dropout("drop_attn", a, drop)
         y = z + a if self.pre_ln else ln_attn(z + a)  # [B, T, D]
 
         y_in = ln_ffn(y) if self.pre_ln else y  # [B, T, D]
         hidden = jax.nn.relu(y_in @ w_1 + b_1[None, None])  # [B, T, F]
-        hidden = _dropout("drop_ff1", hidden, drop)
+        hidden = variational_dropout.time_shared_dropout("drop_ff1", hidden, drop)
         ff = hidden @ w_2 + b_2[None, None]  # [B, T, D]
-        ff = _dropout("drop_ff2", ff, drop)
+        ff = variational_dropout.time_shared_dropout("drop_ff2", ff, drop)
         return y + ff if self.pre_ln else ln_ffn(y + ff)  # [B, T, D]

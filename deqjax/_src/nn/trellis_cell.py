@@ -25,6 +25,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+from deqjax._src import checks
 from deqjax._src.nn import variational_dropout, weight_norm
 from deqjax._src.nn.deq import per_forward
 
@@ -50,12 +51,6 @@ class TrellisInput(NamedTuple):
     x_history: jax.Array | None = None
 
 
-def _check_positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}.")
-    return value
-
-
 def _causal_conv(padded: jax.Array, kernel: jax.Array, dilation: int, length: int) -> jax.Array:
     """``out[:, t] = Σ_j padded[:, t + j·s] @ kernel[j]``: a causal dilated conv whose last tap
     ``j = k-1`` reads time ``t`` (``padded`` holds ``(k-1)s`` history steps before the segment).
@@ -74,15 +69,6 @@ def _causal_conv(padded: jax.Array, kernel: jax.Array, dilation: int, length: in
         for j in range(kernel.shape[0])
     ]
     return sum(taps[1:], taps[0])
-
-
-def _dropout(name: str, value: jax.Array, rate: float) -> jax.Array:
-    """Variational dropout over ``[B, T, ...]``: one mask value per (example, feature), shared
-    over time, drawn once per forward pass (``rate == 0``: identity, no rng needed)."""
-    if rate == 0.0:
-        return value
-    drop = variational_dropout.VariationalDropout(rate, broadcast_axes=(1,), name=name)
-    return drop(value, is_training=True)
 
 
 class TrellisCell(hk.Module):
@@ -142,14 +128,14 @@ class TrellisCell(hk.Module):
         name: str | None = None,
     ):
         super().__init__(name=name)
-        _check_positive_int(hidden_size, "hidden_size")
-        _check_positive_int(kernel_size, "kernel_size")
+        checks.check_positive_int(hidden_size, "hidden_size")
+        checks.check_positive_int(kernel_size, "kernel_size")
         if kernel_size < 2:
             raise ValueError(
                 f"kernel_size must be >= 2 (a temporal convolution over [z_(t-1), z_t]), got "
                 f"{kernel_size}."
             )
-        _check_positive_int(dilation, "dilation")
+        checks.check_positive_int(dilation, "dilation")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
             raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}.")
         if not 0.0 <= dropout < 1.0:
@@ -252,7 +238,9 @@ class TrellisCell(hk.Module):
         # ---- per solver step -------------------------------------------------------------------
         h, c = z[..., :hs], z[..., hs:]  # [B, T, H] each
         h_pad = jnp.concatenate([history[..., :hs], h], axis=1)  # [B, P+T, H]
-        h_pad = _dropout("drop_h", h_pad, self.dropout if is_training else 0.0)
+        h_pad = variational_dropout.time_shared_dropout(
+            "drop_h", h_pad, self.dropout if is_training else 0.0
+        )
         pre = _causal_conv(h_pad, w_z, self.dilation, t) + inject  # [B, T, 4H]
         c_prev = jnp.concatenate([history[:, -1:, hs:], c[:, :-1]], axis=1)  # [B, T, H]: c_{t-1}
         gate_i, gate_o, gate_g, gate_f = jnp.split(pre, 4, axis=-1)  # [B, T, H] each

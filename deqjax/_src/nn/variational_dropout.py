@@ -69,3 +69,16 @@ class VariationalDropout(hk.Module):
             return m.astype(x.dtype) / jnp.asarray(keep, x.dtype)
 
         return x * deq_lib.per_forward("mask", draw)
+
+
+def time_shared_dropout(name: str, value: jax.Array, rate: float) -> jax.Array:
+    """Variational dropout over ``[B, T, ...]``: one mask value per (example, feature), shared
+    over time, drawn once per forward pass (``rate == 0``: identity, no rng needed).
+
+    The sequence cells' dropout (DEQ paper §4: TrellisNet's and the weight-tied transformer's
+    variational dropout); ``name`` names the :class:`VariationalDropout` module.
+    """
+    if rate == 0.0:
+        return value
+    drop = VariationalDropout(rate, broadcast_axes=(1,), name=name)
+    return drop(value, is_training=True)
