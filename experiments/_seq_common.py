@@ -220,6 +220,14 @@ def write_json(path: str, obj: Any) -> None:
         json.dump(obj, fh, indent=2, default=str)
 
 
+def add_run_flags(parser: argparse.ArgumentParser, *, out_dir: str) -> None:
+    """Adds the flags every sequence/vision experiment takes: seed, out_dir, smoke, no_progress."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out_dir", default=out_dir)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few steps")
+    parser.add_argument("--no_progress", dest="progress", action="store_false")
+
+
 def parse_with_smoke_defaults(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None, smoke_defaults: dict[str, Any]
 ) -> argparse.Namespace:

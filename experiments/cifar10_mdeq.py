@@ -439,10 +439,7 @@ def parse_args(argv: Sequence[str] | None):
     p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip")
     p.add_argument("--augment", action="store_true", help="random crop + flip (JR App. A.3)")
     p.add_argument("--log_every", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out_dir", default="runs/cifar10_mdeq")
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--no_progress", dest="progress", action="store_false")
+    common.add_run_flags(p, out_dir="runs/cifar10_mdeq")
     return common.parse_with_smoke_defaults(
         p,
         argv,

@@ -227,10 +227,7 @@ def parse_args(argv: Sequence[str] | None):
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--eval_batch_size", type=int, default=256)
     p.add_argument("--learning_rate", type=float, default=2e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out_dir", default="runs/copy_memory")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes, a few steps")
-    p.add_argument("--no_progress", dest="progress", action="store_false")
+    common.add_run_flags(p, out_dir="runs/copy_memory")
     return common.parse_with_smoke_defaults(
         p,
         argv,

@@ -281,10 +281,7 @@ def parse_args(argv: Sequence[str] | None):
     p.add_argument("--eval_segments", type=int, default=20)
     p.add_argument("--learning_rate", type=float, default=5e-3)
     p.add_argument("--clip", type=float, default=0.25, help="global gradient-norm clip")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out_dir", default="runs/language_model")
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--no_progress", dest="progress", action="store_false")
+    common.add_run_flags(p, out_dir="runs/language_model")
     return common.parse_with_smoke_defaults(
         p,
         argv,
