@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -76,20 +75,15 @@ def measure(model: str, *, depth: int, seq_len: int, args) -> dict:
         state[0], state[1], nll, aux = step(state[0], state[1], key, tokens, targets, mems)
         return nll, aux
 
-    jax.block_until_ready(one_step())  # warm-up
-    times, nfes = [], []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        _, aux = jax.block_until_ready(one_step())
-        times.append(time.perf_counter() - t0)
-        nfes.append(float(aux["nfe"]))
-    step_s = statistics.median(times)
+    step_s = common.time_fn(one_step, repeats=args.repeats)  # median after one warm-up step
+    _, aux = one_step()
+    nfe = float(aux["nfe"])  # tol = 0: every step runs exactly `depth` forward evaluations
     return {
         "model": model,
         "seq_len": seq_len,
         "depth": depth,
         "params": _seq_common.param_count(params),
-        "nfe": statistics.mean(nfes),
+        "nfe": nfe,
         "step_ms": 1e3 * step_s,
         "tokens_per_s": args.batch_size * seq_len / step_s,
         "temp_bytes": None if memory is None else memory["temp_bytes"],

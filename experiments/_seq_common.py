@@ -22,7 +22,8 @@ gradient stopped. Carrying it costs ``depth`` times more for the explicit models
 memory claim covers the carried state as well as the activations.
 
 Also: the compiled-memory proxy (XLA ``memory_analysis().temp_size_in_bytes`` of a compiled step:
-the scratch buffers XLA plans for activations, not a measured peak RSS) and a step timer.
+the scratch buffers XLA plans for activations, not a measured peak RSS) and the experiments' common
+run flags.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import argparse
 import functools
 import json
 import os
-import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
@@ -197,17 +197,6 @@ def compile_with_memory(fn: Callable, *example_args) -> tuple[Any, dict[str, int
         "argument_bytes": int(analysis.argument_size_in_bytes),
         "output_bytes": int(analysis.output_size_in_bytes),
     }
-
-
-def time_steps(step: Callable[[], Any], *, repeats: int) -> float:
-    """Median wall seconds of ``step()`` (already compiled), blocking on the result."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(step())
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def param_count(params: hk.Params) -> int:
