@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 
 from deqjax._src import tree
@@ -95,7 +96,10 @@ def anderson(
         # Normalised system; unused slots get an identity row and a zero right-hand side.
         h = jnp.where(both, gram / scale + lam * eye, eye)
         y = jnp.linalg.solve(h, valid.astype(rdtype))
-        alpha = y / jnp.sum(y)  # [m], zero on unused slots
+        # The mixing coefficients carry no gradient: backprop through the ridge-regularised
+        # least-squares solve amplifies rounding errors without bound as lam -> 0 (UnrolledAdjoint
+        # then differentiates the iteration with alpha frozen, which still has z* as its fixed point).
+        alpha = jax.lax.stop_gradient(y / jnp.sum(y))  # [m], zero on unused slots
 
         # sum_i alpha_i (x_i + beta G_i), with the slot's row taken from the new iterate.
         alpha_slot = jnp.sum(jnp.where(hit, alpha, 0))
