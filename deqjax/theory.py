@@ -2,12 +2,14 @@
 Theorem 3.2 spectral radius and the predicted critical scale. Pure JAX, no Haiku.
 
 ``ensemble`` is ``"gaussian"``, ``"orthogonal"`` or ``"goe"``; ``phi`` is one of ``"tanh"``,
-``"relu"``, ``"hardtanh"``, ``"linear"`` or an elementwise callable (quadrature + ``jax.grad``).
+``"relu"``, ``"hardtanh"``, ``"linear"`` or an elementwise callable (``jax.grad``; exact moments
+when it is piecewise linear, see :func:`piecewise_linear`, Gauss–Hermite quadrature otherwise).
 """
 
 from deqjax._src.theory import (
     ENSEMBLES,
     PHI_NAMES,
+    PiecewiseLinear,
     activation,
     critical_scale,
     gaussian_expectation,
@@ -15,6 +17,7 @@ from deqjax._src.theory import (
     mean_field_variance,
     phi_prime_second_moment,
     phi_second_moment,
+    piecewise_linear,
     predicted_radius,
     spectral_radius,
 )
@@ -22,6 +25,7 @@ from deqjax._src.theory import (
 __all__ = [
     "ENSEMBLES",
     "PHI_NAMES",
+    "PiecewiseLinear",
     "activation",
     "critical_scale",
     "gaussian_expectation",
@@ -29,6 +33,7 @@ __all__ = [
     "mean_field_variance",
     "phi_prime_second_moment",
     "phi_second_moment",
+    "piecewise_linear",
     "predicted_radius",
     "spectral_radius",
 ]

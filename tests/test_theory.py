@@ -88,8 +88,8 @@ def test_mean_field_iteration_matches_closed_forms():
         )
         q_relu = theory.mean_field_variance(s, "orthogonal", RELU, sigma_x=sx)
         assert float(q_relu) == pytest.approx(sx**2 / (1 - s * s / 2), rel=1e-9)
-    # hardtanh: erf closed form vs adaptive quadrature split at the kinks; the Gauss–Hermite
-    # quadrature of the kinked callable is only ~1e-2 accurate (documented).
+    # hardtanh: erf closed form vs adaptive quadrature split at the kinks; the callable is
+    # recognised as piecewise linear, so its moment is exact too (Gauss–Hermite was ~1e-2 off).
     for q in (0.3, 1.0, 4.0):
         closed = float(theory.phi_second_moment("hardtanh", q))
 
@@ -102,7 +102,7 @@ def test_mean_field_iteration_matches_closed_forms():
         )
         assert closed == pytest.approx(exact, rel=1e-9)
         quad = float(theory.phi_second_moment(HARDTANH, q, num_points=256))
-        assert closed == pytest.approx(quad, rel=1e-2)
+        assert closed == pytest.approx(quad, rel=1e-6)
         assert float(theory.phi_prime_second_moment("hardtanh", q)) == pytest.approx(
             math.erf(1 / math.sqrt(2 * q)), rel=1e-12
         )
@@ -265,3 +265,70 @@ def test_theory_does_not_import_haiku():
             imported.add(node.module or "")
             imported.update(f"{node.module}.{alias.name}" for alias in node.names)
     assert not any("haiku" in name or "initializers" in name for name in imported), imported
+
+
+# --- callables with a piecewise-constant phi' (issue 14, item 5) ----------------------------------
+
+
+def test_callable_hard_tanh_goe_radius_matches_closed_form():
+    # The issue's case: Gauss–Hermite quadrature of a step-function phi' gave 0.9785.
+    s, q = 0.6, 1.5
+    closed = 2 * s * math.sqrt(math.erf(1 / math.sqrt(2 * q)))  # 2 sigma sqrt(P(|h| < 1))
+    assert closed == pytest.approx(0.9184, abs=1e-4)
+    got = float(theory.spectral_radius(s, "goe", q, jax.nn.hard_tanh))
+    assert got == pytest.approx(closed, abs=1e-5)
+
+
+@pytest.mark.parametrize("name, fn", [("hardtanh", jax.nn.hard_tanh), ("relu", jax.nn.relu)])
+@pytest.mark.parametrize("ensemble", ["gaussian", "orthogonal", "goe"])
+def test_piecewise_linear_callables_match_their_closed_forms(name, fn, ensemble):
+    for q in (0.4, 1.5, 5.0):
+        for moment in (theory.phi_second_moment, theory.phi_prime_second_moment):
+            assert float(moment(fn, q)) == pytest.approx(float(moment(name, q)), rel=1e-5)
+        assert float(theory.spectral_radius(0.7, ensemble, q, fn)) == pytest.approx(
+            float(theory.spectral_radius(0.7, ensemble, q, name)), rel=1e-5
+        )
+    for s in (0.3, 0.6, 0.9):
+        assert float(theory.predicted_radius(s, ensemble, fn)) == pytest.approx(
+            float(theory.predicted_radius(s, ensemble, name)), rel=1e-3
+        )
+
+
+def test_piecewise_linear_recognition():
+    pieces = theory.piecewise_linear(jax.nn.hard_tanh)
+    assert pieces is not None
+    np.testing.assert_allclose(pieces.breaks, [-1.0, 1.0], atol=1e-6)
+    assert pieces.slopes == (0.0, 1.0, 0.0)
+    assert theory.piecewise_linear(jnp.tanh) is None  # smooth: quadrature path
+    assert theory.piecewise_linear(jax.nn.softplus) is None
+    # A non-Bernoulli phi' (leaky relu, slopes a and 1): exact moments of the two-point law ...
+    a = 0.2
+    leaky = lambda h: jnp.where(h > 0, h, a * h)  # noqa: E731
+    q = 1.7
+    assert float(theory.phi_prime_second_moment(leaky, q)) == pytest.approx(
+        (1 + a * a) / 2, rel=1e-6
+    )
+    assert float(theory.phi_second_moment(leaky, q)) == pytest.approx(q * (1 + a * a) / 2, rel=1e-6)
+    # ... and its GOE radius against the eigenvalues of D^{1/2} W D^{1/2}, D = diag(phi'(h)).
+    n, s = 1000, 0.8
+    w = _sample("goe", n, s, seed=11)
+    h = math.sqrt(q) * np.asarray(jax.random.normal(jax.random.key(12), (n,), F64))
+    root = np.sqrt(np.where(h > 0, 1.0, a))
+    radius = np.abs(np.linalg.eigvalsh(root[:, None] * w * root[None, :])).max()
+    predicted = float(theory.spectral_radius(s, "goe", q, leaky))
+    assert radius / predicted == pytest.approx(1.0, abs=0.03)
+
+
+def test_mean_field_variance_settles_in_float32():
+    # tol=1e-12 is below float32 resolution: the iterates cycled between two adjacent floats and a
+    # finite q was reported as inf (radius 0), which also put critical_scale off the grid.
+    with jax.enable_x64(False):
+        q = theory.mean_field_variance(0.65625, "goe", "hardtanh")
+        assert q.dtype == jnp.float32
+        q = float(q)
+        assert np.isfinite(q)
+        rhs = 0.65625**2 * float(theory.phi_second_moment("hardtanh", q)) + 1.0
+        assert q == pytest.approx(rhs, rel=1e-6)
+        crit = float(theory.critical_scale("goe", "hardtanh"))
+        radius = float(theory.predicted_radius(crit, "goe", "hardtanh"))
+        assert radius == pytest.approx(1.0, abs=1e-4)

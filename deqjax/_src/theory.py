@@ -10,8 +10,12 @@ Non-linearities ``phi`` are given either by NAME or as a CALLABLE:
 * ``"tanh"``, ``"relu"``, ``"hardtanh"`` (``clip(h, -1, 1)``), ``"linear"``. Gaussian moments of
   ``relu``, ``hardtanh`` and ``linear`` use closed forms (erf); ``tanh`` Gauss–Hermite quadrature.
 * a callable ``phi(h)``: an elementwise, jax-traceable scalar function; its derivative is taken with
-  ``jax.grad`` and every Gaussian expectation uses Gauss–Hermite quadrature (``num_points`` nodes,
-  exact to high order for smooth ``phi``; expect ~1e-3 errors for kinked functions — use the names).
+  ``jax.grad``. A callable that is piecewise LINEAR (``phi'`` piecewise constant: ``relu``,
+  ``hard_tanh``, leaky relu, ...) is recognised once per callable (:func:`piecewise_linear`): its
+  kinks are located by bisection and every Gaussian moment is then exact (truncated-Gaussian
+  moments with ``erf``), and the law of ``phi'(h)`` is the exact discrete law of its slopes. Any
+  other callable uses Gauss–Hermite quadrature (``num_points`` nodes, exact to high order for
+  smooth ``phi``): quadrature cannot integrate a step-function ``phi'``.
 
 All functions take ``scale`` / ``q`` as scalars that may be traced (``jit``/``vmap`` over them);
 ``ensemble`` and ``phi`` are static.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -87,6 +92,114 @@ def activation(
     return fn, dphi
 
 
+class PiecewiseLinear(NamedTuple):
+    """``phi(h) = intercepts[i] + slopes[i] h`` on ``(breaks[i - 1], breaks[i])``.
+
+    ``breaks`` is sorted, with ``-inf`` and ``+inf`` implied at the ends, so
+    ``len(slopes) == len(breaks) + 1``.
+    """
+
+    breaks: tuple[float, ...]
+    slopes: tuple[float, ...]
+    intercepts: tuple[float, ...]
+
+
+# Kink search: phi' on a grid of h in [-_KINK_RANGE, _KINK_RANGE]; a callable with more than
+# _MAX_PIECES linear pieces (or any curvature) is treated as smooth.
+_KINK_RANGE = 64.0
+_KINK_GRID = 1 << 15
+_MAX_PIECES = 16
+_KINK_BISECTIONS = 60
+
+
+@functools.lru_cache(maxsize=64)
+def piecewise_linear(phi: Callable[[jax.Array], jax.Array]) -> PiecewiseLinear | None:
+    """Recognises a piecewise-linear ``phi`` (piecewise-constant, e.g. Bernoulli, ``phi'``).
+
+    ``phi'`` (by ``jax.grad``) is evaluated on a grid of ``2**15`` points of ``[-64, 64]``; where it
+    takes at most 16 constant values, each jump is located by bisection to machine precision and
+    ``phi`` is checked to be linear on every piece (at grid points). Runs once per callable, eagerly
+    (also when called under ``jit``: ``phi`` is a static argument).
+
+    Args:
+      phi: an elementwise callable.
+
+    Returns:
+      The pieces, or ``None`` when ``phi`` is not piecewise linear (then quadrature is used).
+    """
+    with jax.ensure_compile_time_eval():
+        dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+        grad = jax.jit(jax.vmap(jax.grad(lambda h: jnp.asarray(phi(h), dtype).sum())))
+        h = np.linspace(-_KINK_RANGE, _KINK_RANGE, _KINK_GRID)
+        try:
+            d = np.asarray(grad(jnp.asarray(h, dtype)), np.float64)
+            values = np.asarray(jax.vmap(phi)(jnp.asarray(h, dtype)), np.float64)
+        except Exception:  # noqa: BLE001 - any failure to trace means "not recognised"
+            return None
+        if not (np.all(np.isfinite(d)) and np.all(np.isfinite(values))):
+            return None
+        jumps = np.nonzero(d[1:] != d[:-1])[0]
+        if len(jumps) + 1 > _MAX_PIECES:
+            return None
+        breaks = []
+        for j in jumps:  # phi' changes between h[j] and h[j + 1]
+            lo, hi = float(h[j]), float(h[j + 1])
+            left = float(d[j])
+            for _ in range(_KINK_BISECTIONS):
+                mid = 0.5 * (lo + hi)
+                if float(grad(jnp.asarray([mid], dtype))[0]) == left:
+                    lo = mid
+                else:
+                    hi = mid
+            breaks.append(0.5 * (lo + hi))
+        edges = [-np.inf, *breaks, np.inf]
+        slopes, intercepts = [], []
+        for i in range(len(edges) - 1):
+            inside = (h > edges[i]) & (h < edges[i + 1])
+            if not np.any(inside):
+                return None
+            slope = float(d[inside][0])
+            intercept = float(np.median(values[inside] - slope * h[inside]))
+            fit = intercept + slope * h[inside]
+            tol = 1e-4 * (1.0 + np.abs(values[inside]))
+            if not np.all(np.abs(fit - values[inside]) <= tol):
+                return None  # curved between the kinks: not piecewise linear
+            slopes.append(slope)
+            intercepts.append(intercept)
+    return PiecewiseLinear(tuple(breaks), tuple(slopes), tuple(intercepts))
+
+
+def _piecewise(phi: Phi) -> PiecewiseLinear | None:
+    return None if isinstance(phi, str) else piecewise_linear(phi)
+
+
+def _truncated_moments(pieces: PiecewiseLinear, q: jax.Array) -> tuple[jax.Array, ...]:
+    """``(P_i, E[h 1_i], E[h^2 1_i])`` over the pieces ``i`` for ``h ~ N(0, q)`` (arrays [pieces]).
+
+    With ``s = sqrt(q)``, ``a, b`` a piece's ends in units of ``s`` and ``varphi`` the standard
+    normal density: ``P = Phi(b) - Phi(a)``, ``E[h 1] = s (varphi(a) - varphi(b))``,
+    ``E[h^2 1] = q (P + a varphi(a) - b varphi(b))`` (``x varphi(x) = 0`` at ``x = ±inf``).
+    """
+    s = jnp.sqrt(q)
+    inv = _safe_inv_sqrt(q)
+    b = _as_float(np.asarray(pieces.breaks, np.float64)) * inv  # [pieces - 1]
+    inf = jnp.full((1,), jnp.inf, b.dtype)
+    lo = jnp.concatenate([-inf, b])
+    hi = jnp.concatenate([b, inf])
+    cdf = lambda x: 0.5 * (1.0 + erf(x / math.sqrt(2.0)))  # noqa: E731
+    pdf = lambda x: (
+        jnp.where(  # noqa: E731
+            jnp.isfinite(x), jnp.exp(-0.5 * jnp.where(jnp.isfinite(x), x, 0.0) ** 2), 0.0
+        )
+        / math.sqrt(2.0 * math.pi)
+    )
+    x_pdf = lambda x: jnp.where(jnp.isfinite(x), x, 0.0) * pdf(x)  # noqa: E731
+    p = cdf(hi) - cdf(lo)
+    m1 = s * (pdf(lo) - pdf(hi))
+    m2 = q * (p + x_pdf(lo) - x_pdf(hi))
+    return p, m1, m2
+
+
 MAX_NUM_POINTS = 256  # numpy's hermegauss loses its weights to overflow beyond ~300 nodes
 
 
@@ -140,6 +253,11 @@ def phi_second_moment(phi: Phi, q, *, num_points: int = DEFAULT_NUM_POINTS) -> j
         )
         inner = p_in - math.sqrt(2.0 / math.pi) * tail  # E[z^2 1{|z| < a}], z ~ N(0, 1)
         return q * inner + (1.0 - p_in)
+    pieces = _piecewise(phi)
+    if pieces is not None:  # sum_i E[(c_i + v_i h)^2 1_i], exact
+        p, m1, m2 = _truncated_moments(pieces, q)
+        c, v = _as_float(np.asarray(pieces.intercepts)), _as_float(np.asarray(pieces.slopes))
+        return jnp.sum(c * c * p + 2.0 * c * v * m1 + v * v * m2)
     fn, _ = activation(phi)
     return gaussian_expectation(lambda h: fn(h) ** 2, q, num_points=num_points)
 
@@ -154,6 +272,10 @@ def phi_prime_second_moment(phi: Phi, q, *, num_points: int = DEFAULT_NUM_POINTS
         return jnp.full_like(q, 0.5)
     if phi == "hardtanh":
         return erf(_safe_inv_sqrt(q) / math.sqrt(2.0))  # P(|h| < 1)
+    pieces = _piecewise(phi)
+    if pieces is not None:  # sum_i v_i^2 P_i, exact
+        p, _, _ = _truncated_moments(pieces, q)
+        return jnp.sum(_as_float(np.asarray(pieces.slopes)) ** 2 * p)
     _, dphi = activation(phi)
     return gaussian_expectation(lambda h: dphi(h) ** 2, q, num_points=num_points)
 
@@ -264,6 +386,10 @@ def _mean_field_variance(scale, sigma_x, *, phi, max_steps, tol, num_points):
     def update(s2_, q):
         return s2_ * phi_second_moment(phi, q, num_points=num_points) + x2
 
+    # A tolerance below the dtype's resolution could never be met (float32 iterates may cycle
+    # between two adjacent floats) and would report a finite q as divergent.
+    tol = max(tol, 8.0 * float(jnp.finfo(_dtype()).eps))
+
     def solve(residual, q0):
         del residual
 
@@ -368,6 +494,13 @@ def _spectral_radius(scale, q, *, ensemble, phi, num_points, num_grid):
     if phi in ("hardtanh", "relu", "linear"):
         p_one = phi_prime_second_moment(phi, q)  # phi' in {0, 1}: E[phi'^2] = P(phi' = 1)
         return 2.0 * scale * jnp.sqrt(p_one)
+    pieces = _piecewise(phi)
+    if pieces is not None:  # the exact discrete law of phi'(h): slope v_i with probability P_i
+        d = _as_float(np.asarray(pieces.slopes))
+        weights, _, _ = _truncated_moments(pieces, q)
+        if len(set(pieces.slopes) - {0.0, 1.0}) == 0:  # Bernoulli: the closed form of §3.2
+            return 2.0 * scale * jnp.sqrt(jnp.sum(jnp.where(d == 1.0, weights, 0.0)))
+        return jnp.abs(scale) * _goe_edge(d, weights, num_grid=num_grid)
     _, dphi = activation(phi)
     nodes, weights = _hermite_nodes(int(num_points))
     d = dphi(jnp.sqrt(q) * _as_float(nodes))
