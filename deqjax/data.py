@@ -15,7 +15,7 @@ from deqjax._src.data.batching import (
 from deqjax._src.data.cache import default_cache_dir
 from deqjax._src.data.cifar10 import CIFAR10_CLASSES, load_cifar10, read_cifar10_batch
 from deqjax._src.data.digits import load_digits
-from deqjax._src.data.errors import DataNotFoundError
+from deqjax._src.data.errors import DataFormatError, DataNotFoundError
 from deqjax._src.data.idx import (
     DEFAULT_FASHION_MNIST_DIR,
     find_idx_files,
@@ -42,6 +42,7 @@ from deqjax._src.data.wikitext import load_wikitext
 __all__ = [
     "CIFAR10_CLASSES",
     "DEFAULT_FASHION_MNIST_DIR",
+    "DataFormatError",
     "DataNotFoundError",
     "ImageDataset",
     "LMCorpus",

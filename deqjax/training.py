@@ -14,7 +14,14 @@
 ...                       metrics_path="runs/x/metrics.jsonl")
 """
 
-from deqjax._src.training.checkpoint import Checkpointer, Restored, tree_digest
+from deqjax._src.training.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    Restored,
+    RestoreError,
+    all_finite,
+    tree_digest,
+)
 from deqjax._src.training.distributed import (
     DistributedConfig,
     add_distributed_flags,
@@ -22,15 +29,28 @@ from deqjax._src.training.distributed import (
     initialize_distributed,
 )
 from deqjax._src.training.evaluation import evaluate, make_eval_step
-from deqjax._src.training.fit import FitResult, fit
+from deqjax._src.training.fit import FitResult, NonFiniteError, fit, skip_nonfinite
 from deqjax._src.training.metrics import (
     MetricsWriter,
     format_metrics,
+    format_value,
     progress_bar,
     read_jsonl,
     to_python,
 )
 from deqjax._src.training.optimizer import make_optimizer, make_schedule
+from deqjax._src.training.run_dir import (
+    RunDir,
+    RunDirError,
+    add_run_flags,
+    config_changes,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    prepare_run_dir,
+    write_config,
+)
 from deqjax._src.training.train_state import (
     TrainState,
     create_train_state,
@@ -45,30 +65,46 @@ from deqjax._src.training.train_step import (
 )
 
 __all__ = [
+    "CheckpointError",
     "Checkpointer",
     "DistributedConfig",
     "FitResult",
     "MetricsWriter",
+    "NonFiniteError",
+    "RestoreError",
     "Restored",
+    "RunDir",
+    "RunDirError",
     "TrainState",
     "add_distributed_flags",
+    "add_run_flags",
+    "all_finite",
+    "config_changes",
     "create_train_state",
     "distributed_config",
     "evaluate",
     "fit",
     "format_metrics",
+    "format_value",
     "initialize_distributed",
     "make_diagnostics_step",
     "make_eval_step",
     "make_optimizer",
     "make_schedule",
     "make_train_step",
+    "nonnegative_float",
+    "nonnegative_int",
+    "positive_float",
+    "positive_int",
+    "prepare_run_dir",
     "progress_bar",
     "read_jsonl",
     "reduce_metrics",
     "replicate",
     "shard",
+    "skip_nonfinite",
     "to_python",
     "tree_digest",
     "unreplicate",
+    "write_config",
 ]

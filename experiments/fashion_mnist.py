@@ -14,7 +14,9 @@ backward_convergence``), a Hutchinson ``‖J_f(z*)‖_F`` estimate and the power
 ``ρ(J_f(z*))``; at every epoch end the test accuracy, NFE and residuals (printed). Outputs in
 ``--out_dir`` (default ``runs/fashion_mnist``): ``config.json``, ``metrics.jsonl``, ``ckpt/``
 (orbax, every ``--checkpoint_every`` steps; ``--resume`` continues), ``curves.png``,
-``results.json``.
+``results.json``. An ``--out_dir`` holding an earlier run is refused unless ``--resume`` (which
+checks that the flags match ``config.json``) or ``--overwrite``. A non-finite loss or gradient
+skips its update; ``--max_nonfinite_steps`` in a row stop the run (exit status 3).
 
 ``--sweep`` reproduces the init paper's Fig. 5 (test error vs initialisation scale for Gaussian,
 Haar-orthogonal and GOE recurrent weights, several seeds each; median and mean per family) at a
@@ -25,7 +27,7 @@ Usage:
   python experiments/fashion_mnist.py --epochs 1 --no_jr    # quicker, no Jacobian regularisation
   python experiments/fashion_mnist.py --resume              # continue a killed run
   python experiments/fashion_mnist.py --sweep               # Fig. 5 at reduced cost
-  python experiments/fashion_mnist.py --smoke --dataset digits   # seconds; used by the tests
+  python experiments/fashion_mnist.py --smoke --dataset digits   # ~1 minute; used by tests
 """
 
 from __future__ import annotations
@@ -494,6 +496,8 @@ def train(args, train_set: dict, test_set: dict, source: str) -> dict:
         checkpoint_every=args.checkpoint_every or None,
         keep_checkpoints=args.keep_checkpoints,
         resume=args.resume,
+        overwrite=args.overwrite,
+        max_nonfinite_steps=args.max_nonfinite_steps,
         metrics_path=os.path.join(out_dir, "metrics.jsonl"),
         config=config,
         progress=args.progress,
@@ -521,12 +525,19 @@ def train(args, train_set: dict, test_set: dict, source: str) -> dict:
         summary["curves_png"] = png
         summary["curves"] = names
         _write_json(os.path.join(out_dir, "results.json"), summary)
-        if final:
+        fmt = training.format_value
+        nan = float("nan")
+        if result.interrupted:
             print(
-                f"final test accuracy {final.get('accuracy', float('nan')):.4f}, "
-                f"NFE {final.get('nfe', float('nan')):.2f}, rel residual "
-                f"{final.get('rel_residual', float('nan')):.2e} (max "
-                f"{final.get('rel_residual_max', float('nan')):.2e}); wall {wall:.1f} s; "
+                f"interrupted by SIGTERM at step {summary['final_step']} of {num_steps}: "
+                f"checkpoint saved; continue with --resume. Outputs so far in {out_dir}"
+            )
+        elif final:
+            print(
+                f"final test accuracy {fmt(final.get('accuracy', nan), '.4f')}, "
+                f"NFE {fmt(final.get('nfe', nan), '.2f')}, rel residual "
+                f"{fmt(final.get('rel_residual', nan), '.2e')} (max "
+                f"{fmt(final.get('rel_residual_max', nan), '.2e')}); wall {wall:.1f} s; "
                 f"outputs in {out_dir}"
             )
     return summary
@@ -753,61 +764,131 @@ SMOKE_DEFAULTS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    pos_int, nonneg_int = training.positive_int, training.nonnegative_int
+    pos_float, nonneg_float = training.positive_float, training.nonnegative_float
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", default="fashion_mnist", choices=("fashion_mnist", "digits"))
-    g.add_argument("--data_dir", default=None, help="Fashion-MNIST idx folder")
-    g.add_argument("--train_size", type=int, default=0, help="random training subset (0: all)")
-    g.add_argument("--test_size", type=int, default=0, help="random test subset (0: all)")
+    g.add_argument(
+        "--dataset",
+        default="fashion_mnist",
+        choices=("fashion_mnist", "digits"),
+        help="Fashion-MNIST idx files, or scikit-learn's 8x8 digits (bundled; for tests)",
+    )
+    g.add_argument(
+        "--data_dir",
+        default=None,
+        help=f"Fashion-MNIST idx folder (default {data.DEFAULT_FASHION_MNIST_DIR});\n"
+        "only with --dataset fashion_mnist",
+    )
+    g.add_argument("--train_size", type=nonneg_int, default=0, help="training subset (0: all)")
+    g.add_argument("--test_size", type=nonneg_int, default=0, help="random test subset (0: all)")
     g = p.add_argument_group("model")
-    g.add_argument("--width", type=int, default=128, help="DEQ state size D")
-    g.add_argument("--hidden", type=int, default=0, help="ResNet cell hidden size (0: = width)")
-    g.add_argument("--cell_form", default="resnet", choices=("resnet", "single"))
-    g.add_argument("--init", default="orthogonal", choices=sorted(FAMILIES))
-    g.add_argument("--init_scale", type=float, default=1.0)
+    g.add_argument("--width", type=pos_int, default=128, help="DEQ state size D")
+    g.add_argument("--hidden", type=nonneg_int, default=0, help="cell hidden size (0: = width)")
+    g.add_argument(
+        "--cell_form",
+        default="resnet",
+        choices=("resnet", "single"),
+        help="resnet: the init paper's section 4.1 cell; single: phi(W z + U x)",
+    )
+    g.add_argument(
+        "--init",
+        default="orthogonal",
+        choices=sorted(FAMILIES),
+        help="random-matrix family of the recurrent weights",
+    )
+    g.add_argument(
+        "--init_scale", type=nonneg_float, default=1.0, help="scale sigma of the recurrent weights"
+    )
     g = p.add_argument_group("solvers")
-    g.add_argument("--max_steps", type=int, default=20, help="forward Anderson steps")
-    g.add_argument("--tol", type=float, default=1e-3, help="forward tolerance")
-    g.add_argument("--anderson_m", type=int, default=5)
-    g.add_argument("--stop_mode", default="rel", choices=("rel", "abs"))
-    g.add_argument("--bwd_max_steps", type=int, default=20, help="backward Anderson steps")
-    g.add_argument("--bwd_tol", type=float, default=1e-3)
+    g.add_argument("--max_steps", type=pos_int, default=20, help="forward Anderson steps")
+    g.add_argument("--tol", type=pos_float, default=1e-3, help="forward tolerance")
+    g.add_argument("--anderson_m", type=pos_int, default=5, help="Anderson memory (past iterates)")
+    g.add_argument(
+        "--stop_mode",
+        default="rel",
+        choices=("rel", "abs"),
+        help="stop on the relative or the absolute residual",
+    )
+    g.add_argument("--bwd_max_steps", type=pos_int, default=20, help="backward Anderson steps")
+    g.add_argument("--bwd_tol", type=pos_float, default=1e-3, help="backward (implicit) tolerance")
     g = p.add_argument_group("Jacobian regularisation (JR paper Eq. 4)")
-    g.add_argument("--jr", dest="jr", action="store_true", default=True)
-    g.add_argument("--no_jr", dest="jr", action="store_false")
-    g.add_argument("--gamma", type=float, default=1.0, help="JR strength γ")
+    g.add_argument("--jr", dest="jr", action="store_true", default=True, help="on (default)")
+    g.add_argument("--no_jr", dest="jr", action="store_false", help="no Jacobian regularisation")
+    g.add_argument("--gamma", type=nonneg_float, default=1.0, help="JR strength gamma")
     g.add_argument("--jr_p", type=float, default=0.5, help="Bernoulli gate probability p")
-    g.add_argument("--jr_samples", type=int, default=1, help="Hutchinson probes M")
-    g.add_argument("--adaptive_gamma", action="store_true", help="adapt γ to the residual")
-    g.add_argument("--gamma_target", type=float, default=0.0, help="target residual (0: --tol)")
-    g.add_argument("--gamma_min", type=float, default=1e-2)
-    g.add_argument("--gamma_max", type=float, default=20.0)
+    g.add_argument("--jr_samples", type=pos_int, default=1, help="Hutchinson probes M")
+    g.add_argument("--adaptive_gamma", action="store_true", help="adapt gamma to the residual")
+    g.add_argument(
+        "--gamma_target", type=nonneg_float, default=0.0, help="target residual (0: --tol)"
+    )
+    g.add_argument("--gamma_min", type=nonneg_float, default=1e-2, help="adaptive gamma floor")
+    g.add_argument("--gamma_max", type=nonneg_float, default=20.0, help="adaptive gamma ceiling")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--epochs", type=int, default=4)
-    g.add_argument("--steps", type=int, default=0, help="total steps (0: epochs × steps/epoch)")
-    g.add_argument("--batch_size", type=int, default=128, help="global batch size")
-    g.add_argument("--eval_batch_size", type=int, default=1000)
-    g.add_argument("--lr", type=float, default=2e-3)
-    g.add_argument("--schedule", default="cosine", choices=("constant", "cosine", "linear"))
-    g.add_argument("--warmup_steps", type=int, default=100)
-    g.add_argument("--clip_norm", type=float, default=1.0, help="0 disables clipping")
+    g.add_argument("--seed", type=int, default=0, help="seed of init, data subset and order")
+    g.add_argument("--epochs", type=pos_int, default=4, help="passes over the training set")
+    g.add_argument(
+        "--steps", type=nonneg_int, default=0, help="total steps (0: epochs x steps/epoch)"
+    )
+    g.add_argument("--batch_size", type=pos_int, default=128, help="global batch size")
+    g.add_argument("--eval_batch_size", type=pos_int, default=1000, help="evaluation batch size")
+    g.add_argument("--lr", type=pos_float, default=2e-3, help="peak Adam learning rate")
+    g.add_argument(
+        "--schedule",
+        default="cosine",
+        choices=("constant", "cosine", "linear"),
+        help="learning-rate decay after the warmup",
+    )
+    g.add_argument(
+        "--warmup_steps", type=nonneg_int, default=100, help="linear warmup steps from 0"
+    )
+    g.add_argument(
+        "--clip_norm", type=nonneg_float, default=1.0, help="global-norm gradient clipping (0: off)"
+    )
+    g.add_argument(
+        "--max_nonfinite_steps",
+        type=pos_int,
+        default=10,
+        help="non-finite loss/gradient updates are skipped (counted as skipped_updates);\n"
+        "stop with an error after this many in a row",
+    )
     g = p.add_argument_group("logging and checkpoints")
-    g.add_argument("--out_dir", default="runs/fashion_mnist")
-    g.add_argument("--log_every", type=int, default=50)
-    g.add_argument("--eval_every", type=int, default=0, help="0: at each epoch end")
-    g.add_argument("--diagnostics_every", type=int, default=200, help="0 disables")
-    g.add_argument("--diag_power_steps", type=int, default=30)
-    g.add_argument("--checkpoint_every", type=int, default=500, help="0: only at the end")
-    g.add_argument("--keep_checkpoints", type=int, default=3)
-    g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    g.add_argument("--no_progress", dest="progress", action="store_false")
+    g.add_argument(
+        "--out_dir",
+        default="runs/fashion_mnist",
+        help="output folder (--smoke: runs/fashion_mnist_smoke, --sweep: _sweep)",
+    )
+    g.add_argument("--log_every", type=pos_int, default=50, help="steps between metric records")
+    g.add_argument("--eval_every", type=nonneg_int, default=0, help="0: at each epoch end")
+    g.add_argument(
+        "--diagnostics_every",
+        type=nonneg_int,
+        default=200,
+        help="steps between backward/Jacobian diagnostics (0 disables)",
+    )
+    g.add_argument(
+        "--diag_power_steps", type=pos_int, default=30, help="power iterations of rho(J)"
+    )
+    g.add_argument("--checkpoint_every", type=nonneg_int, default=500, help="0: only at the end")
+    g.add_argument(
+        "--keep_checkpoints", type=pos_int, default=3, help="newest checkpoints kept on disk"
+    )
+    g.add_argument("--no_progress", dest="progress", action="store_false", help="no progress bar")
+    training.add_run_flags(p)
     g = p.add_argument_group("modes")
-    g.add_argument("--smoke", action="store_true", help="tiny run for tests (seconds)")
+    g.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny run for tests (about a minute on 2 CPU cores with --dataset digits)",
+    )
     g.add_argument("--sweep", action="store_true", help="init paper Fig. 5 sweep")
-    g.add_argument("--sweep_families", default="gaussian,orthogonal,goe")
-    g.add_argument("--sweep_scales", default="0.25,0.5,1,2,4,8")
-    g.add_argument("--sweep_seeds", default="0,1,2")
+    g.add_argument(
+        "--sweep_families",
+        default="gaussian,orthogonal,goe",
+        help="comma-separated init families of the sweep",
+    )
+    g.add_argument("--sweep_scales", default="0.25,0.5,1,2,4,8", help="comma-separated init scales")
+    g.add_argument("--sweep_seeds", default="0,1,2", help="comma-separated seeds per point")
     training.add_distributed_flags(p)
     return p
 
@@ -828,10 +909,43 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+# Flags a resumed run can absorb (accepted with --resume --force); any other change is refused.
+SAFE_ON_RESUME = (
+    "epochs",
+    "steps",
+    "log_every",
+    "eval_every",
+    "eval_batch_size",
+    "diagnostics_every",
+    "diag_power_steps",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "max_nonfinite_steps",
+    "devices",
+)
+OUTPUTS = ("curves.png", "sweep.csv", "sweep_summary.csv", "sweep.png", "sweep.json")
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
+    """Runs the main job (or the sweep); exits 2 on a usage error, 3 on a failed run.
+
+    Exit statuses: 0 done; 2 bad flags, missing or unreadable data, an ``--out_dir`` that holds
+    another run or a ``--resume`` that cannot continue (nothing in the folder is changed then);
+    3 training stopped on non-finite values or a checkpoint failed to write; 143 SIGTERM (a
+    checkpoint was saved: ``--resume`` continues).
+    """
+    parser = build_parser()
     args = parse_args(argv)
+    if args.dataset == "digits" and args.data_dir is not None:
+        parser.error("--data_dir is only read with --dataset fashion_mnist (digits are bundled).")
+    if args.sweep and args.resume:
+        parser.error("--resume is not supported with --sweep.")
     training.initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
-    os.makedirs(args.out_dir, exist_ok=True)
     try:
         train_set, test_set, source = load_data(
             args.dataset,
@@ -840,17 +954,34 @@ def main(argv: Sequence[str] | None = None) -> dict:
             test_size=args.test_size,
             seed=args.seed,
         )
-    except data.DataNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except (data.DataNotFoundError, data.DataFormatError) as e:
+        _fail(str(e), 2)
     config = vars(args) | {"data_source": source, "devices": jax.device_count()}
-    if jax.process_index() == 0:
+    is_main = jax.process_index() == 0
+    try:
+        training.prepare_run_dir(
+            args.out_dir,
+            config,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            force=args.force,
+            safe_keys=SAFE_ON_RESUME,
+            outputs=OUTPUTS,
+            config_name="sweep_config.json" if args.sweep else "config.json",
+            write=is_main,
+        )
+    except training.RunDirError as e:
+        _fail(str(e), 2)
+    if is_main:
         print("config:", json.dumps(training.to_python(config), sort_keys=True))
-        name = "sweep_config.json" if args.sweep else "config.json"
-        _write_json(os.path.join(args.out_dir, name), config)
     if args.sweep:
         return sweep(args, train_set, test_set, source)
-    summary = train(args, train_set, test_set, source)
+    try:
+        summary = train(args, train_set, test_set, source)
+    except (training.RestoreError, FileExistsError) as e:
+        _fail(str(e), 2)
+    except (training.NonFiniteError, training.CheckpointError) as e:
+        _fail(str(e), 3)
     if summary["interrupted"]:
         sys.exit(143)
     return summary

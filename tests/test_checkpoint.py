@@ -1,6 +1,8 @@
 """Checkpoints: round trip of a TrainState, keep-last-K, corrupt and partial checkpoints skipped."""
 
 import os
+import subprocess
+import sys
 import warnings
 
 import jax
@@ -64,15 +66,12 @@ def _truncate_state_files(step_dir):
     assert count > 0, "found no data files to truncate"
 
 
-# orbax leaves an asyncio callback behind after a failed tensorstore read; it fires after the
-# event loop closed ("Event loop is closed"), harmless and outside our code.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_truncated_latest_is_skipped_with_warning(tmp_path):
+def test_truncated_latest_is_skipped_with_warning(tmp_path, capfd):
     ckpt = training.Checkpointer(tmp_path, max_to_keep=3)
     ckpt.save(4, _state(4), {"data": {"epoch": 0, "index": 4}})
     ckpt.save(8, _state(8), {"data": {"epoch": 0, "index": 8}})
     _truncate_state_files(ckpt.path(8))
-    with pytest.warns(UserWarning, match=f"skipping unreadable checkpoint {ckpt.path(8)}"):
+    with pytest.warns(UserWarning, match=f"skipping corrupt checkpoint {ckpt.path(8)}: file"):
         restored = ckpt.restore(template=_state(0))
     assert restored.step == 4
     _assert_equal(restored.state, jax.device_get(_state(4)))
@@ -83,6 +82,21 @@ def test_truncated_latest_is_skipped_with_warning(tmp_path):
         warnings.simplefilter("error")
         assert ckpt.restore(template=_state(0)).step == 8
     ckpt.close()
+    # the manifest caught the truncation before orbax read a byte: no asyncio tracebacks
+    assert "Event loop is closed" not in capfd.readouterr().err
+
+
+def test_nothing_restorable_raises_and_renames_nothing(tmp_path, capfd):
+    ckpt = training.Checkpointer(tmp_path)
+    ckpt.save(1, _state(1))
+    ckpt.save(2, _state(2))
+    for step in (1, 2):
+        _truncate_state_files(ckpt.path(step))
+    with pytest.raises(training.RestoreError, match="(?s)2: corrupt: file.*1: corrupt: file"):
+        ckpt.restore(template=_state(0))
+    assert sorted(os.listdir(tmp_path)) == ["1", "2"]  # nothing renamed or deleted
+    assert "Event loop is closed" not in capfd.readouterr().err
+    ckpt.close()
 
 
 def test_silently_corrupted_values_fail_the_digest(tmp_path):
@@ -90,16 +104,18 @@ def test_silently_corrupted_values_fail_the_digest(tmp_path):
     ckpt.save(1, _state(1))
     ckpt.save(2, _state(2))
     ckpt.close()
-    # Rewrite step 2's metadata digest: simulates bytes that changed without breaking the format.
+    # Rewrite step 2's metadata digest and drop its manifest: simulates bytes that changed
+    # without breaking the format, in a checkpoint written before manifests existed.
     meta_path = os.path.join(tmp_path, "2", "meta", "metadata")
     text = open(meta_path).read()
     open(meta_path, "w").write(text.replace('"__digest__": "', '"__digest__": "0'))
+    os.remove(os.path.join(tmp_path, "2", "deqjax_manifest.json"))
     ckpt = training.Checkpointer(tmp_path)
     with pytest.warns(UserWarning, match="digest mismatch"):
         assert ckpt.restore(template=_state(0)).step == 1
 
 
-def test_partial_and_mismatched_checkpoints(tmp_path):
+def test_partial_and_incompatible_checkpoints(tmp_path):
     ckpt = training.Checkpointer(tmp_path)
     ckpt.save(3, _state(3))
     ckpt.close()
@@ -107,10 +123,44 @@ def test_partial_and_mismatched_checkpoints(tmp_path):
     os.makedirs(os.path.join(tmp_path, "9.orbax-checkpoint-tmp-123", "state"))
     ckpt = training.Checkpointer(tmp_path)
     assert ckpt.all_steps() == [3]
-    # A template of another model does not match: skipped with a warning, nothing restored.
+    # A template of another model: an error naming the mismatch; the valid checkpoint stays.
     other = _state(0)._replace(params={"w": jnp.zeros((2, 2), jnp.float32)})
     other = other._replace(opt_state=optax.adam(1e-3).init(other.params))
-    with pytest.warns(UserWarning, match="skipping unreadable checkpoint"):
-        assert ckpt.restore(template=other) is None
+    with pytest.raises(training.RestoreError, match="3: incompatible: its tree structure"):
+        ckpt.restore(template=other)
+    wider = _state(0)._replace(params={"w": jnp.zeros((5, 4), jnp.float32), "b": jnp.zeros(3)})
+    wider = wider._replace(opt_state=_state(0).opt_state)
+    with pytest.raises(training.RestoreError, match=r"incompatible: leaf \d+ is <f4\[5, 3\]"):
+        ckpt.restore(template=wider)
+    assert os.path.isdir(ckpt.path(3)) and ckpt.all_steps() == [3]
+    assert ckpt.restore(template=_state(0)).step == 3
     with pytest.raises(ValueError, match="max_to_keep"):
         training.Checkpointer(tmp_path / "x", max_to_keep=0)
+
+
+_FULL_DISK = """
+import resource, signal, sys
+import numpy as np
+from deqjax import training
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+ckpt = training.Checkpointer(sys.argv[1])
+ckpt.save(1, {"w": np.ones(4, np.float32)})
+resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))  # a disk that fills up mid-save
+try:
+    ckpt.save(2, {"w": np.random.default_rng(0).normal(size=100000).astype(np.float32)})
+except training.CheckpointError as e:
+    print("CheckpointError:", e)
+"""
+
+
+def test_failed_save_leaves_no_temporary_folder(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"could not write checkpoint {tmp_path / '2'}" in proc.stdout, proc.stdout
+    assert sorted(os.listdir(tmp_path)) == ["1"]  # no 2.orbax-checkpoint-tmp* left behind

@@ -95,7 +95,7 @@ def test_optimizer_clipping_and_errors():
 # --- metrics files, distributed config ---------------------------------------------------------
 
 
-def test_metrics_writer_truncates_on_resume(tmp_path):
+def test_metrics_writer_is_append_only_across_resumes(tmp_path):
     path = tmp_path / "run" / "metrics.jsonl"
     with training.MetricsWriter(path) as w:
         for step in range(1, 6):
@@ -105,15 +105,27 @@ def test_metrics_writer_truncates_on_resume(tmp_path):
     records = training.read_jsonl(path)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     assert np.isnan(records[0]["bad"]) and records[1]["loss"] == pytest.approx(0.5)
+    before = path.read_bytes()
     with training.MetricsWriter(path, keep_until_step=3) as w:  # resumed from step 3
         w.write({"step": 4, "loss": 9.0})
+    assert path.read_bytes().startswith(before)  # nothing rewritten
     assert [(r["step"], r["loss"]) for r in training.read_jsonl(path)][2:] == [
         (3, float(np.float32(1 / 3))),
         (4, 9.0),
     ]
-    with training.MetricsWriter(path) as w:  # a fresh run starts a fresh file
+    assert [r["step"] for r in training.read_jsonl(path, raw=True)] == [1, 2, 3, 4, 5, 3, 4]
+    with pytest.raises(FileExistsError, match="earlier run"):
+        training.MetricsWriter(path)  # a fresh run never silently deletes another's metrics
+    with training.MetricsWriter(path, overwrite=True):
         pass
     assert training.read_jsonl(path) == []
+
+
+def test_format_value_prints_nonfinite_and_strings():
+    fmt = training.format_value
+    assert fmt(float("nan"), ".2e") == "nan" and fmt("nan", ".4f") == "nan"
+    assert fmt("inf", ".2e") == "inf" and fmt(np.float32(0.5), ".2f") == "0.50"
+    assert fmt(None) == "None" and fmt("n/a") == "n/a"
 
 
 def test_distributed_config_from_flags_and_env():
@@ -291,3 +303,102 @@ def test_sigterm_and_sigkill_then_resume_reproduce_the_run(tmp_path):
     resumed = [(r["step"], r["loss"]) for r in training.read_jsonl(metrics)]
     reference = [(r["step"], r["loss"]) for r in training.read_jsonl(ref / "metrics.jsonl")]
     assert resumed == reference and len(reference) == 12  # exact float equality
+
+
+# --- non-finite updates, existing runs, append-only metrics --------------------------------------
+
+
+def _toy_fit(tmp_path, loss_fn, *, optimizer=None, num_steps=8, **kwargs):
+    with jax.numpy_dtype_promotion("standard"):
+        return training.fit(
+            params={"w": jnp.zeros(3, jnp.float32)},
+            loss_fn=loss_fn,
+            optimizer=optimizer or optax.sgd(0.1),
+            train_data=data.ShuffledBatches(data.load_digits(split="train"), batch_size=8, seed=0),
+            num_steps=num_steps,
+            rng=jax.random.PRNGKey(0),
+            log_every=1,
+            checkpoint_dir=tmp_path / "ckpt",
+            checkpoint_every=1,
+            keep_checkpoints=2,
+            metrics_path=tmp_path / "metrics.jsonl",
+            progress=False,
+            print_fn=None,
+            **kwargs,
+        )
+
+
+def _nan_at(steps):
+    def loss_fn(params, batch, key, reg_state, step):
+        bad = jnp.isin(step, jnp.asarray(steps, jnp.int32))
+        loss = jnp.sum((params["w"] - 1.0) ** 2)
+        return jnp.where(bad, jnp.nan, loss), {}
+
+    return loss_fn
+
+
+def test_nonfinite_loss_skips_the_update_and_is_counted(tmp_path):
+    result = _toy_fit(tmp_path, _nan_at([2, 3]), max_nonfinite_steps=3)
+    train = [r for r in result.history if r["split"] == "train"]
+    assert [r["skipped_updates"] for r in train] == [0, 0, 1, 2, 2, 2, 2, 2]
+    assert [r["nonfinite_streak"] for r in train] == [0, 0, 1, 2, 0, 0, 0, 0]
+    assert np.isnan(train[2]["loss"])  # history keeps floats: formattable
+    assert f"{train[2]['loss']:.2e}" == "nan"
+    # a skipped step leaves the parameters where they were: 6 of 8 updates applied
+    w = float(np.asarray(result.state.params["w"])[0])
+    assert w == pytest.approx(1.0 - 0.8**6, rel=1e-5)
+    ckpt = training.Checkpointer(tmp_path / "ckpt")
+    assert all(training.all_finite(ckpt.restore(template=result.state).state) for _ in [0])
+    ckpt.close()
+
+
+def test_nonfinite_streak_stops_the_run_with_finite_checkpoints(tmp_path):
+    with pytest.raises(training.NonFiniteError, match="non-finite for the last 3 steps"):
+        _toy_fit(tmp_path, _nan_at(list(range(3, 100))), max_nonfinite_steps=3, num_steps=20)
+    ckpt = training.Checkpointer(tmp_path / "ckpt")
+    assert ckpt.all_steps() == [4, 5]  # the streak reached 3 at step 6: stopped before saving it
+    restored = ckpt.restore(template=_toy_state())
+    assert training.all_finite(restored.state)
+    ckpt.close()
+
+
+def _toy_state():
+    opt = training.skip_nonfinite(optax.sgd(0.1))
+    return training.create_train_state({"w": jnp.zeros(3, jnp.float32)}, opt, jax.random.PRNGKey(0))
+
+
+def test_overflowing_update_is_never_checkpointed(tmp_path):
+    def loss_fn(params, batch, key, reg_state, step):  # loss 0, gradient -3e38: w overflows
+        w = params["w"]
+        return -3e38 * jnp.sum(w - jax.lax.stop_gradient(w)), {}
+
+    with pytest.raises(training.NonFiniteError, match="not checkpointed"):
+        _toy_fit(tmp_path, loss_fn, optimizer=optax.sgd(1.0))
+    ckpt = training.Checkpointer(tmp_path / "ckpt")
+    assert ckpt.all_steps() == [1]  # rotation kept the last finite checkpoint
+    assert training.all_finite(ckpt.restore(template=_toy_state()).state)
+    ckpt.close()
+
+
+def test_fresh_fit_refuses_an_earlier_runs_files_and_resume_needs_a_checkpoint(tmp_path):
+    loss_fn = _nan_at([])
+    with pytest.raises(training.RestoreError, match="no checkpoint"):
+        _toy_fit(tmp_path, loss_fn, resume=True)
+    assert not (tmp_path / "metrics.jsonl").exists()
+    _toy_fit(tmp_path, loss_fn, num_steps=4)
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+    with pytest.raises(FileExistsError, match="overwrite"):
+        _toy_fit(tmp_path, loss_fn, num_steps=4)
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before
+    # resuming appends (the file is never rewritten); overwrite starts afresh
+    _toy_fit(tmp_path, loss_fn, num_steps=6, resume=True)
+    after = (tmp_path / "metrics.jsonl").read_bytes()
+    assert after.startswith(before)
+    raw = training.read_jsonl(tmp_path / "metrics.jsonl", raw=True)
+    assert {"split": "resume", "step": 4} == {k: raw[4][k] for k in ("split", "step")}
+    assert [r["step"] for r in training.read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 7))
+    _toy_fit(tmp_path, loss_fn, num_steps=2, overwrite=True)
+    assert [r["step"] for r in training.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+    ckpt = training.Checkpointer(tmp_path / "ckpt")
+    assert ckpt.all_steps() == [1, 2]
+    ckpt.close()

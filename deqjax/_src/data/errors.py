@@ -1,4 +1,4 @@
-"""The one error every data source raises when its files are missing."""
+"""The errors every data source raises: files missing, or files present but unreadable."""
 
 from __future__ import annotations
 
@@ -12,6 +12,14 @@ class DataNotFoundError(FileNotFoundError):
     The message names every path that was looked at and how to get the data (a Debian package,
     the upstream archive's file names, or a TFDS command). It subclasses ``FileNotFoundError`` so
     callers that already catch that keep working.
+    """
+
+
+class DataFormatError(ValueError):
+    """A data file exists but cannot be decoded (corrupt, truncated, not the expected format).
+
+    The message names the file. It subclasses ``ValueError`` so callers that already catch that
+    keep working.
     """
 
 

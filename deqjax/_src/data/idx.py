@@ -12,10 +12,11 @@ import gzip
 import logging
 import os
 import struct
+import zlib
 
 import numpy as np
 
-from deqjax._src.data.errors import DataNotFoundError, missing_data_message
+from deqjax._src.data.errors import DataFormatError, DataNotFoundError, missing_data_message
 
 _LOG = logging.getLogger(__name__)
 
@@ -50,8 +51,11 @@ def _read_bytes(path: str | os.PathLike) -> bytes:
     if raw[:2] == _GZIP_MAGIC:
         try:
             raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
-            raise ValueError(f"{os.fspath(path)}: corrupt or truncated gzip data ({e}).") from e
+        except (OSError, EOFError, zlib.error) as e:
+            raise DataFormatError(
+                f"{os.fspath(path)}: corrupt or truncated gzip data ({type(e).__name__}: {e}); "
+                f"re-download or reinstall the file."
+            ) from e
     return raw
 
 
@@ -66,7 +70,8 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
     Raises:
       FileNotFoundError: if ``path`` does not exist.
-      ValueError: naming the file if its header is not idx or its payload is truncated.
+      DataFormatError: (a ``ValueError``) naming the file if it is not gzip/idx, is corrupt or
+        is truncated.
 
     Example:
       >>> images = read_idx("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")
@@ -76,18 +81,18 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     raw = _read_bytes(path)
     name = os.fspath(path)
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise ValueError(f"{name} is not an idx file (bad magic number {raw[:4]!r}).")
+        raise DataFormatError(f"{name} is not an idx file (bad magic number {raw[:4]!r}).")
     code, ndim = raw[2], raw[3]
     if code not in _IDX_DTYPES:
-        raise ValueError(f"{name}: unknown idx dtype code 0x{code:02x}.")
+        raise DataFormatError(f"{name}: unknown idx dtype code 0x{code:02x}.")
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise ValueError(f"{name}: truncated header ({len(raw)} bytes for {ndim} dimensions).")
+        raise DataFormatError(f"{name}: truncated header ({len(raw)} bytes for {ndim} dimensions).")
     shape = struct.unpack(f">{ndim}I", raw[4:header])
     dtype = _IDX_DTYPES[code]
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(raw) - header != expected:
-        raise ValueError(
+        raise DataFormatError(
             f"{name}: payload has {len(raw) - header} bytes, header {shape} of {dtype} needs "
             f"{expected} (truncated or corrupt file)."
         )

@@ -1,20 +1,33 @@
-"""Checkpoints with orbax: atomic, keep the last K, resume from the latest GOOD one.
+"""Checkpoints with orbax: atomic, keep the last K, resume from the newest GOOD one, never guess.
 
 A checkpoint of step ``s`` is a folder ``<directory>/<s>/`` with two items: ``state`` (a pytree of
 numpy arrays, e.g. an unreplicated :class:`~deqjax.training.TrainState`) and ``meta`` (JSON: the
-data-iterator position, the run's config, and a SHA-256 digest of the state's bytes). orbax writes
-each checkpoint into a temporary folder and renames it when complete, so a process killed while
-saving leaves no half-written ``<s>/`` (temporary folders are cleaned up on the next start).
+data-iterator position, the run's config, the state's layout -- tree structure, dtypes, shapes --
+and a SHA-256 digest of its bytes), plus ``deqjax_manifest.json`` (size and SHA-256 of every file
+of the folder). orbax writes each checkpoint into a temporary folder and renames it when complete,
+so a process killed while saving leaves no half-written ``<s>/``; a save that fails (a full disk)
+removes its temporary folder before the error propagates.
 
-:meth:`Checkpointer.restore` tries the newest step first; a checkpoint that fails to load, whose
-structure does not match the template, or whose digest differs (silent corruption, truncation) is
-skipped with a warning naming its folder, renamed to ``<s>.corrupt``, and the previous one is tried.
+:meth:`Checkpointer.restore` tries the newest step first and classifies each checkpoint before
+orbax reads any array:
+
+* **incompatible** -- its layout differs from the template's (another model width, another
+  optimizer): never renamed or deleted;
+* **corrupt** -- a file is missing, truncated or changed (manifest), or the restored bytes fail
+  the digest.
+
+If an older checkpoint restores, each corrupt newer one is renamed ``<s>.corrupt`` (with a
+warning naming its folder) and the older one is returned. If none restores,
+:class:`RestoreError` names every checkpoint and why, and nothing is renamed.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import json
 import os
+import shutil
 import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -23,6 +36,23 @@ import jax
 import numpy as np
 
 PyTree = Any
+MANIFEST = "deqjax_manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message names the folder."""
+
+
+class RestoreError(CheckpointError):
+    """Checkpoints exist but none can be restored; nothing was renamed or deleted."""
+
+
+class _Incompatible(Exception):
+    pass
+
+
+class _Corrupt(Exception):
+    pass
 
 
 class Restored(NamedTuple):
@@ -30,7 +60,7 @@ class Restored(NamedTuple):
 
     step: int  # the checkpoint's step number
     state: PyTree  # numpy pytree with the template's structure
-    meta: dict  # the JSON metadata given to save (without the internal digest)
+    meta: dict  # the JSON metadata given to save (without the internal entries)
 
 
 def tree_digest(tree: PyTree) -> str:
@@ -43,8 +73,43 @@ def tree_digest(tree: PyTree) -> str:
     return h.hexdigest()
 
 
+def tree_layout(tree: PyTree) -> dict:
+    """The tree structure and each leaf's ``dtype[shape]``: what a checkpoint must match."""
+    leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+    return {
+        "structure": str(jax.tree_util.tree_structure(tree)),
+        "leaves": [f"{a.dtype.str}{list(a.shape)}" for a in leaves],
+    }
+
+
+def _layout_difference(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
+    if saved.get("structure") != wanted["structure"]:
+        return "its tree structure differs from the template's (another model or optimizer)"
+    for i, (a, b) in enumerate(zip(saved.get("leaves", []), wanted["leaves"])):
+        if a != b:
+            return f"leaf {i} is {a}, the template's is {b} (another model size?)"
+    return None
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def _host(tree: PyTree) -> PyTree:
     return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
+
+
+def all_finite(tree: PyTree) -> bool:
+    """True if every floating-point leaf of ``tree`` (on the host) is finite."""
+    for leaf in jax.tree_util.tree_leaves(tree):
+        a = np.asarray(leaf)
+        if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
+            return False
+    return True
 
 
 class Checkpointer:
@@ -63,7 +128,7 @@ class Checkpointer:
     Example:
       >>> ckpt = Checkpointer("runs/x/checkpoints", max_to_keep=3)
       >>> ckpt.save(100, unreplicate(state), {"data": it.state._asdict()})
-      >>> restored = ckpt.restore(template=host_state)   # None if there is no good checkpoint
+      >>> restored = ckpt.restore(template=host_state)   # None if there is no checkpoint at all
     """
 
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3):
@@ -99,6 +164,10 @@ class Checkpointer:
           step: the step number (usually ``state.step``).
           state: a pytree of arrays (fetched to the host here); NOT a replicated state.
           meta: JSON-serializable metadata, e.g. ``{"data": iterator.state._asdict()}``.
+
+        Raises:
+          CheckpointError: if writing fails (e.g. a full disk), naming the folder; the temporary
+            folder of the failed save is removed first.
         """
         step = int(step)
         if step in self._manager.all_steps():
@@ -106,58 +175,150 @@ class Checkpointer:
         host = _host(state)
         meta = dict(meta or {})
         meta["__digest__"] = tree_digest(host)
+        meta["__layout__"] = tree_layout(host)
         args = self._ocp.args.Composite(
             state=self._ocp.args.StandardSave(host), meta=self._ocp.args.JsonSave(meta)
         )
-        self._manager.save(step, args=args, force=True)
-        self._manager.wait_until_finished()
+        try:
+            self._manager.save(step, args=args, force=True)
+            self._manager.wait_until_finished()
+            self._write_manifest(step)
+        except Exception as e:
+            self._remove_partial(step)
+            raise CheckpointError(
+                f"could not write checkpoint {self.path(step)}: {type(e).__name__}: "
+                f"{str(e)[:300]} (its temporary files were removed)"
+            ) from e
+
+    def _remove_partial(self, step: int) -> None:
+        if jax.process_index() != 0:
+            return
+        pattern = os.path.join(glob.escape(self.directory), f"{step}.orbax-checkpoint-tmp*")
+        partial = glob.glob(pattern)
+        final = self.path(step)
+        if os.path.isdir(final) and not os.path.exists(os.path.join(final, MANIFEST)):
+            partial.append(final)  # renamed into place, but its manifest never got written
+        for path in partial:
+            shutil.rmtree(path, ignore_errors=True)
+        try:
+            self._manager.reload()
+        except Exception:  # noqa: BLE001 - best effort after a failed write
+            pass
+
+    def _write_manifest(self, step: int) -> None:
+        if jax.process_index() != 0:
+            return
+        root = self.path(step)
+        files = {}
+        for dirpath, _, names in os.walk(root):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                rel = os.path.relpath(path, root)
+                if rel != MANIFEST:
+                    files[rel] = [os.path.getsize(path), _file_sha256(path)]
+        tmp = os.path.join(root, MANIFEST + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"files": files}, f, sort_keys=True)
+        os.replace(tmp, os.path.join(root, MANIFEST))
+
+    def _verify_files(self, step: int) -> None:
+        root = self.path(step)
+        manifest = os.path.join(root, MANIFEST)
+        if not os.path.exists(manifest):
+            return  # older checkpoint: the digest after restoring still guards it
+        try:
+            with open(manifest) as f:
+                files = json.load(f)["files"]
+        except (OSError, ValueError, KeyError) as e:
+            raise _Corrupt(f"unreadable manifest {manifest}: {e}") from None
+        for rel, (size, sha) in sorted(files.items()):
+            path = os.path.join(root, rel)
+            if not os.path.isfile(path):
+                raise _Corrupt(f"file {path} is missing")
+            got = os.path.getsize(path)
+            if got != size:
+                raise _Corrupt(f"file {path} has {got} bytes, {size} were written (truncated?)")
+            if _file_sha256(path) != sha:
+                raise _Corrupt(f"file {path} changed since it was written (checksum mismatch)")
 
     def _restore_step(self, step: int, template: PyTree) -> Restored:
+        try:
+            meta_only = self._manager.restore(
+                step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore())
+            )
+            meta = dict(meta_only.meta)
+        except Exception as e:  # noqa: BLE001 - orbax raises many types for broken files
+            raise _Corrupt(f"unreadable metadata: {type(e).__name__}: {str(e)[:200]}") from None
+        layout = meta.pop("__layout__", None)
+        if layout is not None:
+            why = _layout_difference(layout, tree_layout(template))
+            if why is not None:
+                raise _Incompatible(why)
+        self._verify_files(step)
         args = self._ocp.args.Composite(
             state=self._ocp.args.StandardRestore(template), meta=self._ocp.args.JsonRestore()
         )
-        out = self._manager.restore(step, args=args)
-        state, meta = _host(out.state), dict(out.meta)
+        try:
+            out = self._manager.restore(step, args=args)
+        except Exception as e:  # noqa: BLE001 - orbax raises many types for broken files
+            raise _Corrupt(f"{type(e).__name__}: {str(e)[:300]}") from None
+        state = _host(out.state)
         if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(template):
-            raise ValueError("restored tree structure differs from the template")
+            raise _Incompatible("its tree structure differs from the template's")
         for got, want in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(template)):
             want = np.asarray(want)
             if got.shape != want.shape or got.dtype != want.dtype:
-                raise ValueError(
+                raise _Incompatible(
                     f"leaf {got.dtype}{got.shape} does not match template {want.dtype}{want.shape}"
                 )
         digest = meta.pop("__digest__", None)
         if digest != tree_digest(state):
-            raise ValueError("content digest mismatch (corrupt or truncated data)")
+            raise _Corrupt("content digest mismatch (corrupt or truncated data)")
         return Restored(step, state, meta)
 
     def restore(self, template: PyTree, *, step: int | None = None) -> Restored | None:
-        """The newest good checkpoint (or exactly ``step``), or ``None`` if there is none.
+        """The newest good checkpoint (or exactly ``step``); ``None`` if there is no checkpoint.
 
         Args:
           template: a pytree with the structure, shapes and dtypes of the saved state (e.g. a
             freshly initialized, unreplicated state).
           step: restore this step only (no fallback); default the newest good one.
 
+        Raises:
+          RestoreError: if checkpoints exist but none can be restored (each named with the
+            reason: corrupt or incompatible with ``template``); nothing is renamed then.
+
         Warns:
-          UserWarning: naming each checkpoint folder that is skipped as unreadable.
+          UserWarning: naming each corrupt checkpoint skipped in favour of an older one (it is
+            renamed ``<step>.corrupt``) and each incompatible one skipped (left in place).
         """
         template = _host(template)
         steps = [int(step)] if step is not None else self.all_steps()[::-1]
+        if not steps:
+            return None
+        failures: list[tuple[int, str, str]] = []
         for s in steps:
             try:
-                return self._restore_step(s, template)
-            except Exception as e:  # orbax/tensorstore raise many types for broken files
-                if step is not None:
-                    raise
-                path = self.path(s)
+                restored = self._restore_step(s, template)
+            except (_Corrupt, _Incompatible) as e:
+                kind = "corrupt" if isinstance(e, _Corrupt) else "incompatible"
+                failures.append((s, kind, str(e)))
+                continue
+            for bad, kind, why in failures:
+                action = "renamed .corrupt" if kind == "corrupt" else "left in place"
                 warnings.warn(
-                    f"skipping unreadable checkpoint {path}: {type(e).__name__}: "
-                    f"{str(e)[:300]}; falling back to the previous checkpoint.",
+                    f"skipping {kind} checkpoint {self.path(bad)}: {why}; {action}, "
+                    f"falling back to {self.path(s)}.",
                     stacklevel=2,
                 )
-                self._quarantine(path)
-        return None
+                if kind == "corrupt":
+                    self._quarantine(self.path(bad))
+            return restored
+        lines = "\n".join(f"  {self.path(s)}: {kind}: {why}" for s, kind, why in failures)
+        raise RestoreError(
+            f"no checkpoint in {self.directory} can be restored (nothing was renamed or "
+            f"deleted):\n{lines}"
+        )
 
     def _quarantine(self, path: str) -> None:
         # Move a bad checkpoint aside so later saves of that step and orbax's listing ignore it.

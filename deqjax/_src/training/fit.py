@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import threading
 import time
@@ -15,7 +16,7 @@ import numpy as np
 import optax
 
 from deqjax._src.data.batching import IteratorState, ShuffledBatches, eval_batches
-from deqjax._src.training.checkpoint import Checkpointer
+from deqjax._src.training.checkpoint import Checkpointer, RestoreError, all_finite
 from deqjax._src.training.evaluation import EvalFn, evaluate, make_eval_step
 from deqjax._src.training.metrics import MetricsWriter, format_metrics, progress_bar, to_python
 from deqjax._src.training.train_state import (
@@ -44,6 +45,25 @@ class FitResult(NamedTuple):
     history: list[dict]  # every record logged by this call (train, eval and diagnostics)
     interrupted: bool  # True if stopped early by SIGTERM (after saving a checkpoint)
     restored_step: int | None  # the checkpoint step this call resumed from, None if fresh
+
+
+class NonFiniteError(FloatingPointError):
+    """Training stopped: the loss or gradient stayed non-finite (every such update skipped)."""
+
+
+# optax.apply_if_finite gives up and applies a non-finite update after this many consecutive
+# ones; fit stops the run long before (``max_nonfinite_steps``), so it never gives up.
+_NEVER = 2**31 - 1
+
+
+def skip_nonfinite(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``optimizer`` that skips (zero update, state unchanged) any non-finite gradient.
+
+    ``optax.apply_if_finite`` that never gives up: its state counts the skipped updates
+    (``total_notfinite``) and the current streak (``notfinite_count``), which
+    :func:`~deqjax.training.make_train_step` logs as ``skipped_updates`` and ``nonfinite_streak``.
+    """
+    return optax.apply_if_finite(optimizer, max_consecutive_errors=_NEVER)
 
 
 class _StopFlag:
@@ -77,6 +97,13 @@ def _any_process(flag: bool) -> bool:
     return bool(np.any(multihost_utils.process_allgather(np.asarray(flag, np.int32))))
 
 
+def _py_scalar(value):
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    arr = np.asarray(value)
+    return arr.item() if arr.ndim == 0 else to_python(value)
+
+
 def _check_positive_int(value, name: str, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -107,6 +134,8 @@ def fit(
     checkpoint_every: int | None = None,
     keep_checkpoints: int = 3,
     resume: bool = False,
+    overwrite: bool = False,
+    max_nonfinite_steps: int | None = 10,
     metrics_path: str | os.PathLike | None = None,
     config: Mapping[str, Any] | None = None,
     progress: bool = True,
@@ -124,6 +153,12 @@ def fit(
     at the end of each epoch (or every ``eval_every`` steps) evaluate; every
     ``checkpoint_every`` steps and at the end save a checkpoint. On SIGTERM it saves a checkpoint
     and returns with ``interrupted=True`` (exit with a non-zero status in the caller).
+
+    A non-finite loss or gradient never reaches the parameters: the optimizer is wrapped in
+    :func:`skip_nonfinite` (``optax.apply_if_finite``), so such a step leaves params, optimizer and
+    regularizer state unchanged and is counted (``skipped_updates``, ``nonfinite_streak`` in the
+    metrics). When the streak reaches ``max_nonfinite_steps`` (checked at each logging step) the
+    run stops with :class:`NonFiniteError`; a state with non-finite values is never checkpointed.
 
     A run killed at any point and resumed with ``resume=True`` reproduces the uninterrupted run's
     losses bit for bit on CPU (same devices, same flags), because the state (params, optimizer,
@@ -151,9 +186,17 @@ def fit(
       checkpoint_dir: where checkpoints go; None disables checkpointing (and ``resume``).
       checkpoint_every: steps between checkpoints (default: only at the end and on SIGTERM).
       keep_checkpoints: how many checkpoints to keep.
-      resume: continue from the newest good checkpoint in ``checkpoint_dir`` if there is one.
-      metrics_path: JSONL file of the records (process 0 only); on resume, records after the
-        restored step are dropped first.
+      resume: continue from the newest good checkpoint in ``checkpoint_dir``; raises
+        :class:`~deqjax.training.RestoreError` if there is none that restores (nothing is
+        renamed or deleted then).
+      overwrite: a fresh run (``resume=False``) may delete the checkpoints and metrics file of
+        an earlier run found at ``checkpoint_dir`` / ``metrics_path``; without it they raise
+        ``FileExistsError``.
+      max_nonfinite_steps: stop after this many consecutive skipped (non-finite) updates; None
+        disables the skipping (the optimizer is used as given).
+      metrics_path: JSONL file of the records (process 0 only), append-only: on resume a marker
+        is appended and :func:`~deqjax.training.read_jsonl` drops the records the interrupted
+        run logged after the restored step.
       config: JSON-able run configuration stored in every checkpoint's metadata.
       progress: show a tqdm progress bar (process 0 only).
       handle_sigterm: install the SIGTERM handler (main thread only).
@@ -167,8 +210,13 @@ def fit(
 
     Raises:
       ValueError: naming the first invalid argument.
+      FileExistsError: a fresh run where an earlier run's checkpoints or metrics are, without
+        ``overwrite``.
+      RestoreError: ``resume`` and no checkpoint can be restored.
+      NonFiniteError: ``max_nonfinite_steps`` consecutive non-finite updates.
     """
     _check_positive_int(num_steps, "num_steps")
+    _check_positive_int(max_nonfinite_steps, "max_nonfinite_steps", allow_none=True)
     _check_positive_int(log_every, "log_every")
     _check_positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
     _check_positive_int(eval_every, "eval_every", allow_none=True)
@@ -183,6 +231,8 @@ def fit(
         raise ValueError("diagnostics_every is required with diagnostics_fn.")
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs checkpoint_dir.")
+    if resume and overwrite:
+        raise ValueError("resume and overwrite contradict each other: choose one.")
     # pmap gets ``devices`` as given (None: every device of every process, which multi-host
     # collectives need); arrays are placed on this process's share of them.
     if devices is None:
@@ -201,18 +251,41 @@ def fit(
             f"devices ({jax.process_count()} x {len(local_devices)})."
         )
     is_main = jax.process_index() == 0
+    if max_nonfinite_steps is not None:
+        optimizer = skip_nonfinite(optimizer)
 
     state = create_train_state(params, optimizer, rng, reg_state=reg_state)
     ckpt = Checkpointer(checkpoint_dir, max_to_keep=keep_checkpoints) if checkpoint_dir else None
     restored_step = None
+    if ckpt is not None and not resume and ckpt.all_steps():
+        if not overwrite:
+            ckpt.close()
+            raise FileExistsError(
+                f"{ckpt.directory} holds checkpoints of an earlier run (steps "
+                f"{ckpt.all_steps()}); resume it, or pass overwrite=True (--overwrite) to "
+                f"delete them."
+            )
+        if is_main:
+            for s in ckpt.all_steps():
+                shutil.rmtree(ckpt.path(s))
+        ckpt.all_steps()  # reload the listing
     if ckpt is not None and resume:
-        restored = ckpt.restore(template=state)
-        if restored is not None:
-            state = TrainState(*restored.state)
-            train_data.restore(restored.meta["data"])
-            restored_step = restored.step
-            if print_fn is not None and is_main:
-                print_fn(f"resumed from {ckpt.path(restored.step)} (step {restored.step})")
+        try:
+            restored = ckpt.restore(template=state)
+        except RestoreError:
+            ckpt.close()
+            raise
+        if restored is None:
+            ckpt.close()
+            raise RestoreError(
+                f"resume: {ckpt.directory} holds no checkpoint to resume from (nothing was "
+                f"changed); start a fresh run instead."
+            )
+        state = TrainState(*restored.state)
+        train_data.restore(restored.meta["data"])
+        restored_step = restored.step
+        if print_fn is not None and is_main:
+            print_fn(f"resumed from {ckpt.path(restored.step)} (step {restored.step})")
     step = int(np.asarray(state.step))
 
     train_step = make_train_step(
@@ -229,22 +302,38 @@ def fit(
         diag_step = make_diagnostics_step(diagnostics_fn, devices=devices)
     steps_per_epoch = train_data.steps_per_epoch
     history: list[dict] = []
-    writer = MetricsWriter(
-        metrics_path if metrics_path is not None else os.devnull,
-        keep_until_step=step if restored_step is not None else None,
-        enabled=is_main and metrics_path is not None,
-    )
+    try:
+        writer = MetricsWriter(
+            metrics_path if metrics_path is not None else os.devnull,
+            keep_until_step=step if restored_step is not None else None,
+            overwrite=overwrite,
+            enabled=is_main and metrics_path is not None,
+        )
+    except FileExistsError:
+        if ckpt is not None:
+            ckpt.close()
+        raise
 
     def log(record: dict) -> None:
-        record = to_python(record)
+        # history keeps floats (nan stays a float, formattable); the file gets JSON strings.
+        record = {k: _py_scalar(v) for k, v in record.items()}
         history.append(record)
         writer.write(record)
 
     def save(state_r) -> None:
         if ckpt is None:
             return
+        host_state = unreplicate(state_r)
+        if not all_finite(host_state):
+            last = ckpt.all_steps()
+            raise NonFiniteError(
+                f"[{desc}] step {step}: the training state holds non-finite values (an update "
+                f"overflowed); not checkpointed. Last finite checkpoint: "
+                f"{ckpt.path(last[-1]) if last else 'none'}. Lower the learning rate or clip "
+                f"the gradients."
+            )
         meta = {"data": train_data.state._asdict(), "config": to_python(dict(config or {}))}
-        ckpt.save(step, unreplicate(state_r), meta)
+        ckpt.save(step, host_state, meta)
 
     def run_eval(state_r) -> None:
         batches = eval_batches(eval_data, batch_size=eval_batch_size)
@@ -260,6 +349,7 @@ def fit(
     last_eval_step = None
     bar = progress_bar(total=num_steps, initial=step, enabled=progress and is_main, desc=desc)
     t_window, window_start = time.perf_counter(), step
+    skipped_seen = None
     try:
         with _sigterm_handler(handle_sigterm) as stop:
             while step < num_steps:
@@ -282,6 +372,24 @@ def fit(
                         }
                     )
                     bar.set_postfix_str(format_metrics(host, keys=("loss", "accuracy")))
+                    skipped = int(host.get("skipped_updates", 0))
+                    if skipped != (skipped_seen or 0) and print_fn is not None and is_main:
+                        print_fn(
+                            f"[{desc}] step {step}: {skipped} update(s) skipped so far "
+                            f"(non-finite loss or gradient; loss {host['loss']})"
+                        )
+                    skipped_seen = skipped
+                    streak = int(host.get("nonfinite_streak", 0))
+                    if max_nonfinite_steps is not None and streak >= max_nonfinite_steps:
+                        last = ckpt.all_steps() if ckpt is not None else []
+                        raise NonFiniteError(
+                            f"[{desc}] stopped at step {step}: the loss or gradient was "
+                            f"non-finite for the last {streak} steps (>= max_nonfinite_steps="
+                            f"{max_nonfinite_steps}); each of those updates was skipped, so the "
+                            f"state stays finite. Last checkpoint: "
+                            f"{ckpt.path(last[-1]) if last else 'none'}. Lower the learning "
+                            f"rate or clip the gradients."
+                        )
                 if diag_step is not None and step % diagnostics_every == 0:
                     diag = {k: float(v) for k, v in unreplicate(diag_step(state_r, batch)).items()}
                     log({"split": "diagnostics", "step": step, **diag})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,34 +43,66 @@ def _from_json(value: Any) -> Any:
     return value
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """All records of a metrics file (a torn last line, from a killed writer, is ignored)."""
-    records = []
+def read_jsonl(path: str | os.PathLike, *, raw: bool = False) -> list[dict]:
+    """The records of a metrics file, read as one uninterrupted run.
+
+    The file is append-only: a resumed run appends a marker ``{"split": "resume", "step": s}``
+    and then its own records. By default each marker drops the records before it with
+    ``"step" > s`` (logged by the interrupted run after its last checkpoint) and is itself
+    dropped, so the result reads as one uninterrupted run. A torn last line (from a killed
+    writer) is ignored.
+
+    Args:
+      path: the JSONL file.
+      raw: return every record as written, markers included.
+    """
+    records: list[dict] = []
     with open(path) as f:
         for line in f:
             line = line.strip()
             if not line:
                 continue
             try:
-                records.append(_from_json(json.loads(line)))
+                record = _from_json(json.loads(line))
             except json.JSONDecodeError:
                 continue
+            if not raw and record.get("split") == RESUME:
+                s = record.get("step", 0)
+                records = [r for r in records if r.get("step", 0) <= s]
+                continue
+            records.append(record)
     return records
+
+
+RESUME = "resume"
 
 
 class MetricsWriter:
     """Appends metric records to a JSONL file, one line per record, flushed at once.
 
+    The file is only ever appended to: a resumed run (``keep_until_step=s``) first appends a
+    marker ``{"split": "resume", "step": s}``; :func:`read_jsonl` uses it to drop the records the
+    interrupted run logged after step ``s``, so the file reads as one uninterrupted run while
+    keeping every line ever written.
+
     Args:
       path: the JSONL file (its folder is created).
-      keep_until_step: when resuming from a checkpoint of step ``s``, pass ``s``: records with
-        ``"step" > s`` (logged after that checkpoint by the interrupted run) are dropped, so the
-        file reads as one uninterrupted run.
+      keep_until_step: when resuming from a checkpoint of step ``s``, pass ``s``.
+      overwrite: for a fresh run (``keep_until_step=None``), replace an existing non-empty file;
+        without it such a file raises ``FileExistsError`` (it belongs to an earlier run).
       enabled: False makes every call a no-op (non-zero processes of a multi-host run).
+
+    Raises:
+      FileExistsError: for a fresh run on a non-empty file without ``overwrite``.
     """
 
     def __init__(
-        self, path: str | os.PathLike, *, keep_until_step: int | None = None, enabled: bool = True
+        self,
+        path: str | os.PathLike,
+        *,
+        keep_until_step: int | None = None,
+        overwrite: bool = False,
+        enabled: bool = True,
     ):
         self.path = os.fspath(path)
         self.enabled = enabled
@@ -77,16 +110,22 @@ class MetricsWriter:
         if not enabled:
             return
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        if keep_until_step is not None and os.path.exists(self.path):
-            kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= keep_until_step]
-            tmp = self.path + ".tmp"
-            with open(tmp, "w") as f:
-                for r in kept:
-                    f.write(json.dumps(to_python(r)) + "\n")
-            os.replace(tmp, self.path)
-        elif keep_until_step is None and os.path.exists(self.path):
+        exists = os.path.exists(self.path) and os.path.getsize(self.path) > 0
+        if keep_until_step is None and exists:
+            if not overwrite:
+                raise FileExistsError(
+                    f"{self.path} holds the metrics of an earlier run; resume it, or pass "
+                    f"overwrite=True (--overwrite) to replace it."
+                )
             os.remove(self.path)
         self._file = open(self.path, "a")
+        if keep_until_step is not None:
+            if exists:
+                with open(self.path, "rb") as f:  # a torn last line gets its own line ended
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        self._file.write("\n")
+            self.write({"split": RESUME, "step": int(keep_until_step), "time": time.time()})
 
     def write(self, record: Mapping[str, Any]) -> None:
         if self._file is None:
@@ -106,13 +145,29 @@ class MetricsWriter:
         self.close()
 
 
+def format_value(value: Any, spec: str = ".4g") -> str:
+    """``format(value, spec)`` for numbers, including nan/inf and their JSON strings.
+
+    Final reports format values that may be non-finite (a diverged run) or missing; this never
+    raises: ``"nan"`` / ``"inf"`` strings are read as floats, other non-numbers print as given.
+    """
+    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
+        value = float(value)
+    if isinstance(value, (bool, np.bool_)) or value is None:
+        return str(value)
+    try:
+        return format(float(value), spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def format_metrics(metrics: Mapping[str, Any], *, keys: tuple[str, ...] | None = None) -> str:
     """A short ``name=value`` string for progress bars and logs (4 significant digits)."""
     items = metrics.items() if keys is None else ((k, metrics[k]) for k in keys if k in metrics)
     parts = []
     for k, v in items:
         if isinstance(v, float):
-            parts.append(f"{k}={v:.4g}")
+            parts.append(f"{k}={format_value(v)}")
         elif isinstance(v, (int, str)):
             parts.append(f"{k}={v}")
     return " ".join(parts)

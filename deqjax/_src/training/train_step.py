@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from deqjax._src import implicit_diff
 from deqjax._src.training.train_state import DEVICE_AXIS, TrainState
 
 PyTree = Any
@@ -57,6 +58,7 @@ def make_train_step(
     per_device_rng: bool = True,
     donate: bool = True,
     devices: Sequence[jax.Device] | None = None,
+    backward_stats: bool = False,
 ) -> Callable[[TrainState, PyTree], tuple[TrainState, Metrics]]:
     """Builds the pmapped step ``(state, batch) -> (state, metrics)``.
 
@@ -83,12 +85,21 @@ def make_train_step(
       devices: devices to map over; default (None) pmap's: every process's local devices, with
         collectives spanning all processes. Pass a list only in a single-process run (a list of
         local devices would cut a multi-host run into independent replicas).
+      backward_stats: if True, ``loss_fn`` takes a sixth argument, a :class:`~deqjax.BackwardStats`
+        probe, to pass to ``dq.fixed_point(..., backward_stats=probe)`` (or ``dq.nn.DEQ``); the
+        step differentiates with respect to it too and logs the implicit backward solves'
+        ``bwd_steps``, ``bwd_rel_residual``, ``bwd_failure_rate`` and ``bwd_fallback_rate``
+        (means per solve on each device, averaged across devices).
 
     Returns:
       ``step_fn(state, batch)``: ``state`` replicated (:func:`~deqjax.training.replicate`),
       ``batch`` a pytree of ``[num_devices, per_device_batch, ...]`` arrays
       (:func:`~deqjax.training.shard`). ``metrics`` always contain ``"loss"`` and ``"grad_norm"``
-      (global norm of the averaged gradient) and stay on device: fetch them with
+      (global norm of the averaged gradient), with an optimizer wrapped in
+      ``optax.apply_if_finite`` (:func:`~deqjax.training.skip_nonfinite`) also
+      ``"skipped_updates"`` (total) and ``"nonfinite_streak"`` (consecutive, 0 after a finite
+      step); a non-finite loss then skips the update like a non-finite gradient, and the
+      regularizer state is kept. They stay on device: fetch them with
       :func:`~deqjax.training.unreplicate` only when logging.
     """
     if not callable(loss_fn):
@@ -100,18 +111,38 @@ def make_train_step(
         rng, step_key = jax.random.split(state.rng)
         if per_device_rng:
             step_key = jax.random.fold_in(step_key, jax.lax.axis_index(AXIS))
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-        (loss, metrics), grads = grad_fn(state.params, batch, step_key, state.reg_state, state.step)
+        if backward_stats:  # the gradient channel of dq.BackwardStats: stats arrive as a gradient
+            grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 5), has_aux=True)
+            probe = implicit_diff.BackwardStats.zeros()
+            args = (state.params, batch, step_key, state.reg_state, state.step, probe)
+            (loss, metrics), (grads, stats) = grad_fn(*args)
+            metrics = {**metrics, **stats.metrics()}
+        else:
+            grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+            args = (state.params, batch, step_key, state.reg_state, state.step)
+            (loss, metrics), grads = grad_fn(*args)
         grads = jax.lax.pmean(grads, AXIS)
         metrics = reduce_metrics({"loss": loss, **metrics}, AXIS)
         metrics["grad_norm"] = optax.tree.norm(grads)
         if learning_rate_fn is not None:
             metrics["learning_rate"] = _as_float(learning_rate_fn(state.step))
+        skipping = isinstance(state.opt_state, optax.ApplyIfFiniteState)
+        if skipping:
+            # A non-finite loss skips the update even when its gradient is finite.
+            loss_ok = jnp.isfinite(metrics["loss"])
+            grads = jax.tree_util.tree_map(lambda g: jnp.where(loss_ok, g, jnp.nan), grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         reg_state = state.reg_state
         if update_reg_state is not None:
             reg_state = update_reg_state(reg_state, metrics, state.step)
+        if skipping:  # the update was skipped: the regularizer state stays too
+            ok = opt_state.last_finite
+            reg_state = jax.tree_util.tree_map(
+                lambda new, old: jnp.where(ok, new, old), reg_state, state.reg_state
+            )
+            metrics["skipped_updates"] = opt_state.total_notfinite.astype(jnp.float32)
+            metrics["nonfinite_streak"] = opt_state.notfinite_count.astype(jnp.float32)
         new_state = TrainState(params, opt_state, rng, state.step + 1, reg_state)
         return new_state, metrics
 
