@@ -1,8 +1,13 @@
 """Forward solvers for ``z = f(z)`` over any pytree; batch with ``jax.vmap``.
 
+``gmres``, ``bicgstab`` and ``normal_cg`` are Krylov solvers for an AFFINE ``f`` (the implicit
+backward ``u = g + Jᵀu``, e.g. ``dq.ImplicitAdjoint(solver=dq.solvers.gmres)``), built on
+``jax.scipy.sparse.linalg``.
+
 Each solver returns a :class:`Solution` whose ``value`` is the lowest-residual iterate seen.
 """
 
+from deqjax._src.linear_solvers import bicgstab, gmres, normal_cg
 from deqjax._src.solvers.anderson import anderson
 from deqjax._src.solvers.base import (
     CONVERGED,
@@ -26,7 +31,10 @@ __all__ = [
     "Solution",
     "SolverFn",
     "anderson",
+    "bicgstab",
     "broyden",
     "fixed_point_iteration",
+    "gmres",
+    "normal_cg",
     "status_name",
 ]

@@ -554,3 +554,105 @@ def test_property_random_contractive_maps(d, seed, dtype_name, name, norm):
     np.testing.assert_allclose(sol.abs_residual, abs_res, rtol=1e-3, atol=50 * eps * (1 + fv_norm))
     n = int(sol.num_steps)
     assert sol.trace[n - 1] == sol.rel_residual
+
+
+# --- divergence, the combined stopping rule, Solution display (issues 13, 14) --------------------
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+@pytest.mark.parametrize("stop_mode", ["abs", "rel", "mixed"])
+def test_blowing_up_map_reports_diverged_in_every_stop_mode(name, stop_mode):
+    """z -> 2z + 1 from 0 (issue 14 item 3): DIVERGED from the absolute residual's growth, and the
+    returned iterate is not blown up (its absolute residual is within 2x the lowest seen)."""
+    f = lambda z: 2 * z + 1  # noqa: E731
+    if name in ACCELERATED:
+        # Anderson and Broyden solve this linear problem (z* = -1); Anderson with m = 1 is plain
+        # iteration and blows up like it.
+        sol = SOLVERS[name](f, jnp.zeros(3), stop_mode=stop_mode, max_steps=200, tol=1e-6)
+        assert sol.status == solvers.CONVERGED
+        np.testing.assert_allclose(sol.value, -np.ones(3), atol=1e-4)
+        if name == "broyden":
+            return
+        sol = SOLVERS[name](f, jnp.zeros(3), stop_mode=stop_mode, max_steps=200, m=1)
+    else:
+        sol = SOLVERS[name](f, jnp.zeros(3), stop_mode=stop_mode, max_steps=200)
+    assert sol.status == solvers.DIVERGED, solvers.status_name(sol.status)
+    assert int(sol.num_steps) < 200
+    assert float(sol.abs_residual) <= 2 * np.sqrt(3) + 1e-9
+    np.testing.assert_allclose(sol.abs_residual, residuals(f, sol.value)[0], rtol=1e-9)
+
+
+def test_blowing_up_map_rel_mode_fixed_point_iteration_details():
+    """The exact numbers: residuals |z + 1| = 1, 2, 4, ...; DIVERGED at 2^14 > 1e4 x 1."""
+    sol = solvers.fixed_point_iteration(lambda z: 2 * z + 1, jnp.array(0.0), max_steps=100)
+    assert sol.status == solvers.DIVERGED
+    assert int(sol.num_steps) == 15
+    assert float(sol.abs_residual) <= 2.0 and float(sol.value) in (0.0, 1.0)
+
+
+def geometric_decay(z):
+    """jaxopt's geometric-decay problem: the fixed point is exactly 0."""
+    return jnp.asarray([0.9, 0.99, 0.999], z.dtype) * z
+
+
+GEOMETRIC_Z0 = np.asarray([1.0, 0.4, -0.2])
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_mixed_stop_mode_reaches_zero_fixed_point(name):
+    """rel mode cannot converge to a fixed point at 0 (its residual stays near 1e-3 for plain
+    iteration, >= 1 for Broyden); the combined rule ||g|| <= atol + tol ||z|| does."""
+    z0 = jnp.asarray(GEOMETRIC_Z0)
+    max_steps = 8000 if name == "fixed_point_iteration" else 100
+    rel = SOLVERS[name](geometric_decay, z0, tol=1e-5, stop_mode="rel", max_steps=max_steps)
+    # rel mode can only "converge" once the iterate underflows below its 1e-30 denominator guard
+    # (the relative residual of r * z is >= 1e-3 for every z != 0).
+    assert rel.status != solvers.CONVERGED or float(rel.abs_residual) < 1e-30
+    mixed = SOLVERS[name](geometric_decay, z0, tol=1e-5, stop_mode="mixed", max_steps=max_steps)
+    assert mixed.status == solvers.CONVERGED
+    assert float(mixed.abs_residual) <= 1e-5 * (1 + np.linalg.norm(mixed.value))
+    assert np.linalg.norm(mixed.value) < 2e-2  # jaxopt: "forced to take high tol" (0.999)
+    n = int(mixed.num_steps)
+    assert mixed.trace[n - 1] <= 1e-5
+    # An explicit atol: ||g|| <= atol + tol ||z||.
+    tight = SOLVERS[name](
+        geometric_decay, z0, tol=1e-5, atol=1e-7, stop_mode="mixed", max_steps=max_steps
+    )
+    assert tight.status == solvers.CONVERGED
+    assert float(tight.abs_residual) <= 1e-7 + 1e-5 * np.linalg.norm(tight.value)
+    assert int(tight.num_steps) >= n
+
+
+def test_mixed_stop_mode_arguments():
+    with pytest.raises(ValueError, match="atol"):
+        solvers.anderson(_f, Z0, atol=1e-3)  # atol without stop_mode="mixed"
+    with pytest.raises(ValueError, match="atol"):
+        solvers.broyden(_f, Z0, stop_mode="mixed", atol=-1.0)
+    with pytest.raises(ValueError, match="tol > 0"):
+        solvers.fixed_point_iteration(_f, Z0, stop_mode="mixed", tol=0.0)
+
+
+def test_status_name_and_repr_of_batched_solution():
+    """Issue 13 item 7: status_name on a batched status; a concise repr."""
+    scales = jnp.asarray([0.5, 2.0, 0.5])
+    sol = jax.vmap(
+        lambda s: solvers.fixed_point_iteration(lambda z: s * z + 1, jnp.zeros(2), max_steps=200)
+    )(scales)
+    assert solvers.status_name(sol.status) == ["converged", "diverged", "converged"]
+    assert solvers.status_name(sol.status[0]) == "converged"
+    assert solvers.status_name(jnp.asarray([[0, 3]])) == [["converged", "nonfinite"]]
+    text = repr(sol)
+    assert "converged: 2" in text and "diverged: 1" in text and "inf" not in text
+    assert len(text) < 300
+    single = repr(solvers.anderson(jnp.cos, jnp.array(1.0), tol=1e-8, max_steps=200))
+    assert "status=converged" in single and "num_steps=" in single and "inf" not in single
+    # Under jit the fields are abstract: the repr still works.
+    jax.jit(lambda: (repr(solvers.anderson(jnp.cos, jnp.array(1.0))), 0)[1])()
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_f_value_is_f_at_value(name):
+    a, x = noncontractive_problem()
+    f = tanh_map(0.5 * jnp.asarray(a), jnp.asarray(x))
+    sol = SOLVERS[name](f, jnp.zeros(10), tol=1e-9, max_steps=60)
+    np.testing.assert_allclose(sol.f_value, f(sol.value), rtol=1e-12, atol=1e-14)

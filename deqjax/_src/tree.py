@@ -52,18 +52,41 @@ def tree_size(tree: PyTree) -> int:
     return sum(int(np.prod(np.shape(leaf))) for leaf in jax.tree_util.tree_leaves(tree))
 
 
-def tree_vdot(x: PyTree, y: PyTree) -> jax.Array:
-    """Inner product ``sum_leaves <x, y>`` accumulated in :func:`reduction_dtype`."""
+def _per_problem(a: jax.typing.ArrayLike, leaf: jax.Array, batch_ndim: int) -> jax.Array:
+    """``a`` (shape ``[*batch]``, one value per problem) cast to ``leaf``'s dtype and reshaped to
+    broadcast against ``leaf`` (shape ``[*batch, ...]``); a scalar for ``batch_ndim=0``."""
+    a = jnp.asarray(a, leaf.dtype)
+    if batch_ndim == 0:
+        return a
+    return a.reshape(a.shape + (1,) * (leaf.ndim - batch_ndim))
+
+
+def _sum_tail(a: jax.Array, batch_ndim: int) -> jax.Array:
+    """Sum over every axis after the leading ``batch_ndim`` (all axes when it is 0)."""
+    if batch_ndim == 0:
+        return jnp.sum(a)
+    return jnp.sum(a, axis=tuple(range(batch_ndim, a.ndim)))
+
+
+def tree_vdot(x: PyTree, y: PyTree, batch_ndim: int = 0) -> jax.Array:
+    """Inner product ``sum_leaves <x, y>`` accumulated in :func:`reduction_dtype`.
+
+    With ``batch_ndim = n`` the leading ``n`` axes of every leaf index independent problems and the
+    result has shape ``[*batch]`` (one inner product per problem).
+    """
     dtype = reduction_dtype(x)
     # An elementwise product and a reduction (not jnp.vdot): under vmap this stays a fused reduce,
     # where a batched dot_general of [B, d] x [B, d] is several times slower on CPU.
-    parts = jax.tree_util.tree_map(lambda a, b: jnp.sum(a.astype(dtype) * b.astype(dtype)), x, y)
-    return sum(jax.tree_util.tree_leaves(parts), jnp.zeros((), dtype))
+    parts = jax.tree_util.tree_map(
+        lambda a, b: _sum_tail(a.astype(dtype) * b.astype(dtype), batch_ndim), x, y
+    )
+    leaves = jax.tree_util.tree_leaves(parts)
+    return sum(leaves[1:], leaves[0])
 
 
-def tree_norm(x: PyTree) -> jax.Array:
-    """Euclidean norm of all entries of ``x``."""
-    return jnp.sqrt(tree_vdot(x, x))
+def tree_norm(x: PyTree, batch_ndim: int = 0) -> jax.Array:
+    """Euclidean norm of all entries of ``x`` (per problem: shape ``[*batch]``)."""
+    return jnp.sqrt(tree_vdot(x, x, batch_ndim))
 
 
 def tree_sub(x: PyTree, y: PyTree) -> PyTree:
@@ -76,19 +99,24 @@ def tree_add(x: PyTree, y: PyTree) -> PyTree:
     return jax.tree_util.tree_map(jnp.add, x, y)
 
 
-def tree_scale(a: jax.typing.ArrayLike, x: PyTree) -> PyTree:
-    """Leafwise ``a * x`` with ``a`` cast to each leaf's dtype."""
-    return jax.tree_util.tree_map(lambda leaf: jnp.asarray(a, leaf.dtype) * leaf, x)
+def tree_scale(a: jax.typing.ArrayLike, x: PyTree, batch_ndim: int = 0) -> PyTree:
+    """Leafwise ``a * x`` with ``a`` (scalar, or ``[*batch]``) cast to each leaf's dtype."""
+    return jax.tree_util.tree_map(lambda leaf: _per_problem(a, leaf, batch_ndim) * leaf, x)
 
 
-def tree_axpy(a: jax.typing.ArrayLike, x: PyTree, y: PyTree) -> PyTree:
-    """Leafwise ``a * x + y`` with ``a`` cast to each leaf's dtype."""
-    return jax.tree_util.tree_map(lambda u, v: jnp.asarray(a, u.dtype) * u + v, x, y)
+def tree_axpy(a: jax.typing.ArrayLike, x: PyTree, y: PyTree, batch_ndim: int = 0) -> PyTree:
+    """Leafwise ``a * x + y`` with ``a`` (scalar or ``[*batch]``) cast to each leaf's dtype."""
+    return jax.tree_util.tree_map(lambda u, v: _per_problem(a, u, batch_ndim) * u + v, x, y)
 
 
-def tree_where(pred: jax.typing.ArrayLike, x: PyTree, y: PyTree) -> PyTree:
-    """Leafwise ``jnp.where(pred, x, y)`` with a scalar predicate."""
-    return jax.tree_util.tree_map(lambda u, v: jnp.where(pred, u, v), x, y)
+def tree_where(pred: jax.typing.ArrayLike, x: PyTree, y: PyTree, batch_ndim: int = 0) -> PyTree:
+    """Leafwise ``jnp.where(pred, x, y)`` with a scalar (or per-problem ``[*batch]``) predicate."""
+    if batch_ndim == 0:
+        return jax.tree_util.tree_map(lambda u, v: jnp.where(pred, u, v), x, y)
+    pred = jnp.asarray(pred)
+    return jax.tree_util.tree_map(
+        lambda u, v: jnp.where(pred.reshape(pred.shape + (1,) * (u.ndim - batch_ndim)), u, v), x, y
+    )
 
 
 def tree_zeros_like(x: PyTree) -> PyTree:
@@ -110,37 +138,76 @@ def tree_stack_zeros(x: PyTree, m: int) -> PyTree:
     return jax.tree_util.tree_map(lambda leaf: jnp.zeros((m, *leaf.shape), leaf.dtype), x)
 
 
-def tree_set_row(stack: PyTree, i: jax.typing.ArrayLike, x: PyTree) -> PyTree:
+def tree_set_row(stack: PyTree, i: jax.typing.ArrayLike, x: PyTree, batch_ndim: int = 0) -> PyTree:
     """Writes ``x`` into row ``i`` of ``stack``; an ``i`` outside ``[0, m)`` writes nothing.
 
+    ``i`` is a scalar, or with ``batch_ndim = n`` one row index per problem (shape ``[*batch]``).
     Implemented as a masked select rather than ``stack.at[i].set(x)``: inside a ``vmap``-ed
     ``while_loop`` (a batch of solves) the index is batched, the update becomes a scatter, and XLA
     must copy the whole buffer for it and again for the loop's per-example select; the select form
     fuses with that select into one pass over the buffer (20x faster per step on CPU at
-    ``B=128, m=50, d=512``).
+    ``B=128, m=50, d=512``). With a shared (unbatched) row index use :func:`tree_put_row`.
     """
     i = jnp.asarray(i, jnp.int32)
 
     def set_row(s, leaf):
-        hit = (jnp.arange(s.shape[0], dtype=jnp.int32) == i).reshape((-1,) + (1,) * leaf.ndim)
+        rows = jnp.arange(s.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * i.ndim)
+        hit = (rows == i).reshape((s.shape[0],) + i.shape + (1,) * (leaf.ndim - i.ndim))
         return jnp.where(hit, leaf[None], s)
 
     return jax.tree_util.tree_map(set_row, stack, x)
 
 
-def tree_rows_vdot(stack: PyTree, x: PyTree) -> jax.Array:
-    """``[<stack[i], x> for i]``: shape ``[m]``, in :func:`reduction_dtype`."""
-    dtype = reduction_dtype(x)
-    parts = jax.tree_util.tree_map(
-        lambda s, leaf: jnp.tensordot(
-            s.reshape(s.shape[0], -1).astype(dtype), leaf.reshape(-1).astype(dtype), axes=1
-        ),
-        stack,
-        x,
+def tree_put_row(stack: PyTree, i: jax.Array, x: PyTree) -> PyTree:
+    """Writes ``x`` into row ``i`` (a shared int scalar in ``[0, m)``) of ``stack``, in place.
+
+    One ``dynamic_update_slice`` per leaf: touches only the row written (batch-native solvers,
+    whose step counter is shared by every problem, use it for their ring buffers).
+    """
+    i = jnp.asarray(i, jnp.int32)
+    return jax.tree_util.tree_map(
+        lambda s, leaf: jax.lax.dynamic_update_index_in_dim(s, leaf.astype(s.dtype), i, 0), stack, x
     )
-    return sum(jax.tree_util.tree_leaves(parts))
 
 
-def tree_combine_rows(coeffs: jax.Array, stack: PyTree) -> PyTree:
-    """``sum_i coeffs[i] * stack[i]`` for every leaf (coefficients cast to each leaf's dtype)."""
-    return jax.tree_util.tree_map(lambda s: jnp.tensordot(coeffs.astype(s.dtype), s, axes=1), stack)
+def tree_rows_vdot(stack: PyTree, x: PyTree, batch_ndim: int = 0) -> jax.Array:
+    """``[<stack[i], x> for i]``: shape ``[m]`` (``[*batch, m]`` with ``batch_ndim``), in
+    :func:`reduction_dtype`."""
+    dtype = reduction_dtype(x)
+    if batch_ndim == 0:
+        parts = jax.tree_util.tree_map(
+            lambda s, leaf: jnp.tensordot(
+                s.reshape(s.shape[0], -1).astype(dtype), leaf.reshape(-1).astype(dtype), axes=1
+            ),
+            stack,
+            x,
+        )
+        return sum(jax.tree_util.tree_leaves(parts))
+
+    def rows(s, leaf):
+        # An elementwise product and a reduction over each problem's entries: one fused pass over
+        # the buffer (a batched dot_general per problem is much slower on CPU).
+        prod = s.astype(dtype) * leaf.astype(dtype)[None]
+        out = jnp.sum(prod, axis=tuple(range(1 + batch_ndim, prod.ndim)))  # [m, *batch]
+        return jnp.moveaxis(out, 0, -1)
+
+    leaves = jax.tree_util.tree_leaves(jax.tree_util.tree_map(rows, stack, x))
+    return sum(leaves[1:], leaves[0])
+
+
+def tree_combine_rows(coeffs: jax.Array, stack: PyTree, batch_ndim: int = 0) -> PyTree:
+    """``sum_i coeffs[i] * stack[i]`` for every leaf (coefficients cast to each leaf's dtype).
+
+    With ``batch_ndim = n``, ``coeffs`` has shape ``[*batch, m]``: one combination per problem.
+    """
+    if batch_ndim == 0:
+        return jax.tree_util.tree_map(
+            lambda s: jnp.tensordot(coeffs.astype(s.dtype), s, axes=1), stack
+        )
+
+    def combine(s):
+        c = jnp.moveaxis(coeffs.astype(s.dtype), -1, 0)  # [m, *batch]
+        c = c.reshape(c.shape + (1,) * (s.ndim - 1 - batch_ndim))
+        return jnp.sum(c * s, axis=0)
+
+    return jax.tree_util.tree_map(combine, stack)

@@ -25,6 +25,8 @@ def anderson(
     lam: float = 1e-4,
     divergence_factor: float = 1e4,
     loop: str = "while",
+    atol: float | None = None,
+    batch_ndim: int = 0,
 ) -> base.Solution:
     """Solves ``z = f(z)`` by Anderson acceleration with a ring buffer of the last ``m`` iterates.
 
@@ -48,12 +50,17 @@ def anderson(
       z0: initial iterate.
       max_steps: maximum number of evaluations of ``f``.
       tol: stop when the residual (by ``stop_mode``) is ``<= tol``.
-      stop_mode: ``"abs"`` or ``"rel"`` (see :func:`~deqjax.solvers.fixed_point_iteration`).
+      stop_mode: ``"abs"``, ``"rel"`` or ``"mixed"`` (see
+        :func:`~deqjax.solvers.fixed_point_iteration`).
       m: history size (``>= 1``; ``m = 1`` is damped fixed-point iteration).
       beta: mixing parameter (``> 0``; 1 is undamped, above 1 over-relaxes).
       lam: relative Tikhonov ridge (``>= 0``).
       divergence_factor: stop with ``DIVERGED`` when the residual exceeds this multiple of the best.
       loop: ``"while"`` (default), ``"scan"`` (reverse-differentiable) or ``"python"`` (debugging).
+      atol: absolute tolerance of ``stop_mode="mixed"`` (``None``: equal to ``tol``).
+      batch_ndim: leading axes of ``z0``'s leaves that index independent problems; the Gram
+        matrices (``[*batch, m, m]``) and their small solves are batched, the ring buffer slot
+        (the shared step counter mod ``m``) is written with one ``dynamic_update_slice``.
 
     Returns:
       A :class:`~deqjax.solvers.Solution`; its value is the lowest-residual iterate.
@@ -61,7 +68,16 @@ def anderson(
     Raises:
       ValueError: for invalid arguments (named in the message).
     """
-    z0 = base.check_common_args(f, z0, max_steps=max_steps, tol=tol, stop_mode=stop_mode, loop=loop)
+    z0 = base.check_common_args(
+        f,
+        z0,
+        max_steps=max_steps,
+        tol=tol,
+        stop_mode=stop_mode,
+        loop=loop,
+        atol=atol,
+        batch_ndim=batch_ndim,
+    )
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"m must be an int >= 1, got {m!r}.")
     if not beta > 0.0:
@@ -72,43 +88,63 @@ def anderson(
         raise ValueError(f"divergence_factor must be > 1, got {divergence_factor}.")
 
     rdtype = tree.reduction_dtype(z0)
-    eye = jnp.eye(m, dtype=rdtype)
+    batch_shape = tuple(jax.tree_util.tree_leaves(z0)[0].shape[:batch_ndim])
+    bn = batch_ndim
+    lead = (1,) * bn  # explicit broadcasting of [m]-shaped masks (rank promotion may be strict)
+    eye = jnp.eye(m, dtype=rdtype).reshape(lead + (m, m))
     tiny = jnp.asarray(jnp.finfo(rdtype).tiny, rdtype)
+    ids = jnp.arange(m, dtype=jnp.int32)
 
     def propose(aux, k, x, fx, gx):
         del fx
-        # ps[i] = x_i + beta * G_i (the rows that are mixed), gs[i] = G_i: [m, ...] each.
-        # gram: [m, m].
+        # ps[i] = x_i + beta * G_i (the rows that are mixed), gs[i] = G_i: [m, *batch, ...] each.
+        # gram: [*batch, m, m]. The slot k % m is shared by every problem (k is the shared step
+        # counter, and a running problem has made exactly k steps).
         ps, gs, gram = aux
         slot = k % m
-        hit = jnp.arange(m, dtype=jnp.int32) == slot  # [m]: the row the new iterate replaces
+        hit = (ids == slot).reshape(lead + (m,))  # the row the new iterate replaces
         p = tree.tree_axpy(beta, gx, x)
         # Everything below reads the *old* buffers plus the new row, and the updated buffers are
         # only written at the end: under vmap the write then fuses with the loop's per-example
         # select into one pass over each buffer instead of a copy, a select and a re-read.
-        row = jnp.where(hit, tree.tree_vdot(gx, gx), tree.tree_rows_vdot(gs, gx))  # [m]
-        gram = jnp.where(hit[:, None], row[None, :], jnp.where(hit[None, :], row[:, None], gram))
+        gg = tree.tree_vdot(gx, gx, bn)[..., None]  # [*batch, 1]
+        row = jnp.where(hit, gg, tree.tree_rows_vdot(gs, gx, bn))  # [*batch, m]
+        hit_r, hit_c = hit[..., :, None], hit[..., None, :]
+        gram = jnp.where(hit_r, row[..., None, :], jnp.where(hit_c, row[..., :, None], gram))
 
-        valid = jnp.arange(m, dtype=jnp.int32) < jnp.minimum(k + 1, m)  # [m]
-        both = valid[:, None] & valid[None, :]
+        valid = (ids < jnp.minimum(k + 1, m)).reshape(lead + (m,))
+        both = valid[..., :, None] & valid[..., None, :]
         n_valid = jnp.sum(valid).astype(rdtype)
-        scale = jnp.maximum(jnp.sum(jnp.where(valid, jnp.diagonal(gram), 0)) / n_valid, tiny)
+        diag = jnp.diagonal(gram, axis1=-2, axis2=-1)  # [*batch, m]
+        scale = jnp.maximum(jnp.sum(jnp.where(valid, diag, 0), axis=-1) / n_valid, tiny)
         # Normalised system; unused slots get an identity row and a zero right-hand side.
-        h = jnp.where(both, gram / scale + lam * eye, eye)
-        y = jnp.linalg.solve(h, valid.astype(rdtype))
+        h = jnp.where(both, gram / scale[..., None, None] + lam * eye, eye)  # eye: lead + (m, m)
+        rhs = jnp.broadcast_to(valid.astype(rdtype), batch_shape + (m,))
+        y = jnp.linalg.solve(h, rhs[..., None])[..., 0]  # [*batch, m]
         # The mixing coefficients carry no gradient: backprop through the ridge-regularised
         # least-squares solve amplifies rounding errors without bound as lam -> 0 (UnrolledAdjoint
-        # then differentiates the iteration with alpha frozen, which still has z* as its fixed point).
-        alpha = jax.lax.stop_gradient(y / jnp.sum(y))  # [m], zero on unused slots
+        # then differentiates the iteration with alpha frozen, which still has z* as its fixed
+        # point). Zero on unused slots.
+        alpha = jax.lax.stop_gradient(y / jnp.sum(y, axis=-1, keepdims=True))
 
         # sum_i alpha_i (x_i + beta G_i), with the slot's row taken from the new iterate.
-        alpha_slot = jnp.sum(jnp.where(hit, alpha, 0))
-        mixed = tree.tree_axpy(alpha_slot, p, tree.tree_combine_rows(jnp.where(hit, 0, alpha), ps))
-        ps = tree.tree_set_row(ps, slot, p)
-        gs = tree.tree_set_row(gs, slot, gx)
+        alpha_slot = jnp.sum(jnp.where(hit, alpha, 0), axis=-1)  # [*batch]
+        mixed = tree.tree_axpy(
+            alpha_slot, p, tree.tree_combine_rows(jnp.where(hit, 0, alpha), ps, bn), bn
+        )
+        if bn == 0:
+            ps = tree.tree_set_row(ps, slot, p)
+            gs = tree.tree_set_row(gs, slot, gx)
+        else:  # the shared slot: one dynamic_update_slice per buffer, no select over it
+            ps = tree.tree_put_row(ps, slot, p)
+            gs = tree.tree_put_row(gs, slot, gx)
         return mixed, (ps, gs, gram)
 
-    aux0 = (tree.tree_stack_zeros(z0, m), tree.tree_stack_zeros(z0, m), jnp.zeros((m, m), rdtype))
+    aux0 = (
+        tree.tree_stack_zeros(z0, m),
+        tree.tree_stack_zeros(z0, m),
+        jnp.zeros(batch_shape + (m, m), rdtype),
+    )
     return base.solve(
         f,
         z0,
@@ -119,4 +155,6 @@ def anderson(
         stop_mode=stop_mode,
         loop=loop,
         divergence_factor=divergence_factor,
+        atol=atol,
+        batch_ndim=batch_ndim,
     )

@@ -1,17 +1,43 @@
 """What every forward solver shares: the :class:`Solution`, status codes, validation and the driver.
 
 A solver in deqjax is a *proposal rule* run by :func:`solve`. Each driver iteration evaluates ``f``
-once at the current iterate ``x_k``; the driver records the residual ``r_k = ||f(x_k) - x_k||``
-(``stop_mode="abs"``) or ``||f(x_k) - x_k|| / ||f(x_k)||`` (``"rel"``) in the trace, keeps the
-lowest-residual iterate seen, decides whether to stop, and otherwise asks the rule for ``x_{k+1}``.
-So ``num_steps`` is exactly the number of evaluations of ``f``, and all stopping logic lives here.
+once at the current iterate ``x_k``; the driver records the residual ``r_k`` in the trace, keeps the
+best iterate seen, decides whether to stop, and otherwise asks the rule for ``x_{k+1}``. So
+``num_steps`` is exactly the number of evaluations of ``f``, and all stopping logic lives here.
+
+Residuals, by ``stop_mode`` (``g_k = f(x_k) - x_k``):
+
+* ``"abs"``:   ``r_k = ||g_k||``
+* ``"rel"``:   ``r_k = ||g_k|| / ||f(x_k)||``
+* ``"mixed"``: ``r_k = ||g_k|| / (atol / tol + ||x_k||)``, so ``r_k <= tol`` is optimistix's
+  combined rule ``||f(x) - x|| <= atol + tol * ||x||`` (``atol`` defaults to ``tol``: the scale is
+  ``1 + ||x||``). It reaches a fixed point at 0, where ``"rel"`` stalls (its denominator vanishes).
 
 Stopping, checked after each evaluation in this order:
 
-1. ``r_k <= tol``                          -> ``CONVERGED``
-2. ``f(x_k)`` or ``r_k`` not finite          -> ``NONFINITE``
-3. ``r_k > divergence_factor * min_{j<k} r_j`` -> ``DIVERGED`` ("protective break" of the DEQ code)
-4. ``k + 1 == max_steps``                   -> ``MAX_STEPS``
+1. ``r_k <= tol``                                      -> ``CONVERGED``
+2. ``f(x_k)`` or ``r_k`` not finite                      -> ``NONFINITE``
+3. ``||g_k|| > divergence_factor * min_{j<k} ||g_j||``  -> ``DIVERGED`` (the "protective break"
+   of the DEQ code), judged on the ABSOLUTE residual in every ``stop_mode``: a blowing-up map
+   such as ``z -> 2z + 1`` has a relative residual that tends to a constant and would never trip
+   a relative test.
+4. ``k + 1 == max_steps``                            -> ``MAX_STEPS``
+
+The returned ``value`` ("best" iterate) is the iterate with the lowest ``r_k`` among those whose
+absolute residual is at most twice the lowest absolute residual seen before them (a converged
+iterate always qualifies). In ``"abs"`` mode this is simply the lowest-residual iterate. In
+``"rel"`` and ``"mixed"`` mode the extra condition keeps a geometrically growing sequence, whose
+relative residual shrinks as ``||f(x)||`` grows, from being returned: the returned absolute
+residual is never more than twice the lowest one seen, so ``z -> 2z + 1`` from 0 returns ``z = 1``
+(absolute residual 2), not an iterate with absolute residual ``1e7``. (Twice, not once: an
+oscillating iteration's lowest relative residual often sits a few percent above its lowest
+absolute residual.)
+
+Batches (``batch_ndim = n``): the leading ``n`` axes of every leaf of ``z0`` index independent
+problems. One loop runs while any problem is running; ``f`` is evaluated on the whole batch once per
+step; norms, residuals, stopping, the best iterate, ``num_steps``, ``status`` and ``trace`` are per
+problem, and a problem that has stopped keeps its fields frozen. The result equals ``jax.vmap`` of
+the ``batch_ndim=0`` solve (up to float rounding), at the cost of one batched loop.
 
 No branch raises or prints, so a solve can run under ``jit`` and ``vmap`` (where each example
 keeps its own status, step count and statistics).
@@ -45,24 +71,41 @@ STATUS_NAMES = {
     NONFINITE: "nonfinite",
 }
 
-STOP_MODES = ("abs", "rel")
+STOP_MODES = ("abs", "rel", "mixed")
+
+# In "rel"/"mixed" mode an iterate can become the best only if its absolute residual is at most this
+# multiple of the lowest absolute residual seen before it (see the module docstring). In "abs" mode
+# the condition is implied by the ranking itself.
+_BEST_ABS_SLACK = 2.0
 
 # Denominator guard of the relative residual: ||f(z) - z|| / (||f(z)|| + _REL_EPS).
 _REL_EPS = 1e-30
 
 
-class Solution(NamedTuple):
-    """Result of a forward solve of ``z = f(z)`` for a single problem.
+def _concrete(x: Any) -> np.ndarray | None:
+    """``x`` as a numpy array, or None when it is abstract (a tracer under jit/vmap/grad)."""
+    try:
+        return np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, TypeError):
+        return None
 
-    Under ``jax.vmap`` every field gains the batch axis and holds per-example values.
+
+class Solution(NamedTuple):
+    """Result of a forward solve of ``z = f(z)`` (one problem, or a batch with ``batch_ndim``).
+
+    With ``batch_ndim = n`` (or under ``jax.vmap``) every field gains the leading batch axes and
+    holds per-problem values; a consumer finds ``n`` as ``sol.status.ndim``.
 
     Attributes:
-      value: pytree like ``z0``: the lowest-residual iterate seen (by ``stop_mode``).
-      num_steps: int32 scalar, the number of evaluations of ``f`` used.
+      value: pytree like ``z0``: the best iterate seen (see :mod:`deqjax.solvers`' base docstring).
+      num_steps: int32 ``[*batch]``, the number of evaluations of ``f`` used.
       abs_residual: ``||f(value) - value||``.
       rel_residual: ``||f(value) - value|| / ||f(value)||``.
-      trace: ``[max_steps]`` residual (in ``stop_mode``) after each evaluation; ``+inf`` afterwards.
+      trace: ``[*batch, max_steps]`` residual (in ``stop_mode``) after each evaluation; ``+inf``
+        afterwards.
       status: int32, one of ``CONVERGED``, ``MAX_STEPS``, ``DIVERGED``, ``NONFINITE``.
+      f_value: pytree like ``z0``: ``f(value)``, as evaluated by the solver (no extra evaluation);
+        a DEQ readout that needs ``f(z*)`` can use it.
     """
 
     value: PyTree
@@ -71,6 +114,29 @@ class Solution(NamedTuple):
     rel_residual: jax.Array
     trace: jax.Array
     status: jax.Array
+    f_value: PyTree = None
+
+    def __repr__(self) -> str:
+        status = _concrete(self.status)
+        if status is None:  # abstract: shapes only
+            return (
+                f"Solution(<abstract: status {getattr(self.status, 'shape', ())}, "
+                f"value {jax.tree_util.tree_map(lambda a: getattr(a, 'shape', ()), self.value)}>)"
+            )
+        steps = np.asarray(self.num_steps)
+        abs_res, rel_res = np.asarray(self.abs_residual), np.asarray(self.rel_residual)
+        if status.ndim == 0:
+            return (
+                f"Solution(status={status_name(status)}, num_steps={int(steps)}, "
+                f"abs_residual={float(abs_res):.3e}, rel_residual={float(rel_res):.3e})"
+            )
+        names, counts = np.unique(status, return_counts=True)
+        summary = ", ".join(f"{status_name(n)}: {c}" for n, c in zip(names.tolist(), counts))
+        return (
+            f"Solution(batch={status.shape}, status={{{summary}}}, "
+            f"num_steps=[min {steps.min()}, mean {steps.mean():.1f}, max {steps.max()}], "
+            f"max abs_residual={np.max(abs_res):.3e}, max rel_residual={np.max(rel_res):.3e})"
+        )
 
 
 class SolverFn(Protocol):
@@ -79,9 +145,17 @@ class SolverFn(Protocol):
     def __call__(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution: ...
 
 
-def status_name(status: int) -> str:
-    """Human-readable name of a status code, e.g. ``status_name(sol.status)`` -> ``"converged"``."""
-    return STATUS_NAMES.get(int(status), f"unknown({int(status)})")
+def status_name(status: Any) -> str | list:
+    """Name(s) of status code(s), e.g. ``status_name(sol.status)`` -> ``"converged"``.
+
+    A scalar gives a ``str``; an array (a batched Solution's status) gives nested lists of names
+    with the array's shape (``np.array(status_name(s))`` is an array of strings).
+    """
+    arr = np.asarray(status)
+    if arr.ndim == 0:
+        code = int(arr)
+        return STATUS_NAMES.get(code, f"unknown({code})")
+    return [status_name(s) for s in arr]
 
 
 def accepts_loop_kind(solver: Callable[..., Any]) -> bool:
@@ -92,8 +166,24 @@ def accepts_loop_kind(solver: Callable[..., Any]) -> bool:
         return False
 
 
+def accepts_batch_ndim(solver: Callable[..., Any]) -> bool:
+    """Whether ``solver`` (a function or functools.partial) takes the ``batch_ndim=`` keyword."""
+    try:
+        return "batch_ndim" in inspect.signature(solver).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def check_common_args(
-    f: Callable, z0: PyTree, *, max_steps: int, tol: float, stop_mode: str, loop: str
+    f: Callable,
+    z0: PyTree,
+    *,
+    max_steps: int,
+    tol: float,
+    stop_mode: str,
+    loop: str,
+    atol: float | None = None,
+    batch_ndim: int = 0,
 ) -> PyTree:
     """Validates the arguments every solver takes; raises ``ValueError`` naming the argument.
 
@@ -112,9 +202,41 @@ def check_common_args(
         raise ValueError(f"tol must be >= 0, got {tol}.")
     if stop_mode not in STOP_MODES:
         raise ValueError(f"stop_mode must be one of {STOP_MODES}, got {stop_mode!r}.")
+    if atol is not None:
+        if not isinstance(atol, (int, float, np.floating, np.integer)) or isinstance(atol, bool):
+            raise ValueError(f"atol must be None or a Python float, got {atol!r}.")
+        if not atol >= 0:
+            raise ValueError(f"atol must be >= 0, got {atol}.")
+        if stop_mode != "mixed":
+            raise ValueError(f'atol is used only with stop_mode="mixed", got {stop_mode!r}.')
+    if stop_mode == "mixed" and not tol > 0:
+        raise ValueError(
+            f'stop_mode="mixed" needs tol > 0 (it is the rtol of atol + tol * ||z||), got {tol}; '
+            'use stop_mode="abs" for a purely absolute rule.'
+        )
+    if isinstance(batch_ndim, bool) or not isinstance(batch_ndim, (int, np.integer)):
+        raise ValueError(f"batch_ndim must be an int, got {batch_ndim!r}.")
+    if batch_ndim < 0:
+        raise ValueError(f"batch_ndim must be >= 0, got {batch_ndim}.")
     loop_lib.check_loop_kind(loop)
     tree.check_float_tree(z0, "z0")
     z0 = jax.tree_util.tree_map(jnp.asarray, z0)
+    if batch_ndim:
+        leaves = jax.tree_util.tree_leaves(z0)
+        batch_shape = None
+        for leaf in leaves:
+            if leaf.ndim < batch_ndim:
+                raise ValueError(
+                    f"batch_ndim={batch_ndim} needs every leaf of z0 to have at least "
+                    f"{batch_ndim} leading batch axes; got a leaf of shape {list(leaf.shape)}."
+                )
+            if batch_shape is None:
+                batch_shape = leaf.shape[:batch_ndim]
+            elif leaf.shape[:batch_ndim] != batch_shape:
+                raise ValueError(
+                    f"batch_ndim={batch_ndim}: every leaf of z0 must share the leading batch axes "
+                    f"{list(batch_shape)}; got a leaf of shape {list(leaf.shape)}."
+                )
     out = jax.eval_shape(f, z0)
     in_struct = jax.tree_util.tree_structure(z0)
     out_struct = jax.tree_util.tree_structure(out)
@@ -133,17 +255,22 @@ def check_common_args(
 
 
 class _Carry(NamedTuple):
-    k: jax.Array  # int32 []: evaluations done
+    k: jax.Array  # int32 []: loop iterations done, shared by every problem
+    num_steps: jax.Array  # int32 [*batch]: evaluations of f counted for each problem
     x: PyTree  # the next iterate to evaluate
     aux: Any  # the proposal rule's state
-    best_x: PyTree  # lowest-residual iterate so far
-    best_abs: jax.Array  # []: its absolute residual
-    best_rel: jax.Array  # []: its relative residual
-    trace: jax.Array  # [max_steps]
-    status: jax.Array  # int32 []
+    best_x: PyTree  # best iterate so far (see the module docstring)
+    best_fx: PyTree  # f(best_x)
+    best_abs: jax.Array  # [*batch]: its absolute residual
+    best_rel: jax.Array  # [*batch]: its relative residual
+    best_res: jax.Array  # [*batch]: its residual by stop_mode (what "best" ranks by)
+    min_abs: jax.Array  # [*batch]: lowest absolute residual seen (divergence reference)
+    trace: jax.Array  # [*batch, max_steps]
+    status: jax.Array  # int32 [*batch]
 
 
 # propose(aux, k, x, fx, gx) -> (next_x, aux); gx = fx - x is passed so rules need not recompute it.
+# k is the shared step counter (a scalar int32 under batch_ndim > 0).
 ProposeFn = Callable[[Any, jax.Array, PyTree, PyTree, PyTree], tuple[PyTree, Any]]
 
 
@@ -158,71 +285,118 @@ def solve(
     stop_mode: str,
     loop: str,
     divergence_factor: float,
+    atol: float | None = None,
+    batch_ndim: int = 0,
 ) -> Solution:
-    """Runs a proposal rule on the bounded loop and assembles the :class:`Solution`."""
+    """Runs a proposal rule on the bounded loop and assembles the :class:`Solution`.
+
+    With ``batch_ndim = n`` the leading ``n`` axes of every leaf of ``z0`` index independent
+    problems: one loop runs while any problem is running, ``f`` is evaluated on the whole batch
+    each step, and every statistic is kept per problem (see the module docstring).
+    """
     rdtype = tree.reduction_dtype(z0)
     inf = jnp.array(jnp.inf, rdtype)
+    batch_shape = tuple(jax.tree_util.tree_leaves(z0)[0].shape[:batch_ndim])
     step_ids = jnp.arange(max_steps, dtype=jnp.int32)
+    # Mixed mode: ||g|| <= atol + tol ||x||  <=>  ||g|| / (atol / tol + ||x||) <= tol.
+    scale_floor = (tol if atol is None else atol) / tol if stop_mode == "mixed" else 0.0
 
     def cond_fun(c: _Carry) -> jax.Array:
-        return c.status == _RUNNING
+        return jnp.any(c.status == _RUNNING)
 
     def body_fun(c: _Carry) -> _Carry:
+        running = c.status == _RUNNING  # [*batch]: problems this step belongs to
         fx = f(c.x)
         gx = tree.tree_sub(fx, c.x)
         # Residuals steer the loop but are not differentiated (sqrt has no derivative at 0).
-        abs_res = jax.lax.stop_gradient(tree.tree_norm(gx))
-        fx_norm = jax.lax.stop_gradient(tree.tree_norm(fx))
+        abs_res = jax.lax.stop_gradient(tree.tree_norm(gx, batch_ndim))
+        fx_norm = jax.lax.stop_gradient(tree.tree_norm(fx, batch_ndim))
         rel_res = abs_res / (fx_norm + jnp.asarray(_REL_EPS, rdtype))
-        res = rel_res if stop_mode == "rel" else abs_res
-        best_res = c.best_rel if stop_mode == "rel" else c.best_abs
+        if stop_mode == "rel":
+            res = rel_res
+        elif stop_mode == "mixed":
+            x_norm = jax.lax.stop_gradient(tree.tree_norm(c.x, batch_ndim))
+            res = abs_res / (jnp.asarray(scale_floor, rdtype) + x_norm)
+        else:
+            res = abs_res
         # A NaN or inf entry of f(x) propagates into ||f(x)||, so checking the two norms replaces a
         # separate pass over f(x) (a norm that overflows also counts as non-finite). CONVERGED
         # requires finiteness too: an overflowing ||f(x)|| would otherwise give rel_res = 0.
-        finite = jnp.isfinite(abs_res) & jnp.isfinite(fx_norm)
-        improved = finite & (res < best_res)
+        finite = jnp.isfinite(abs_res) & jnp.isfinite(fx_norm) & jnp.isfinite(res)
+        converged = finite & (res <= tol)
+        # "Best" ranks by stop_mode, but only among iterates whose ABSOLUTE residual is within
+        # _BEST_ABS_SLACK of the lowest seen: a geometrically growing sequence has a shrinking
+        # relative residual and must not win. A converged iterate is always taken.
+        eligible = finite & (abs_res <= _BEST_ABS_SLACK * c.min_abs) & (res < c.best_res)
+        improved = running & (converged | eligible)
+        # Divergence is judged on the absolute residual in every stop_mode.
+        diverged = abs_res > divergence_factor * c.min_abs
         status = jnp.where(
-            finite & (res <= tol),
+            converged,
             CONVERGED,
             jnp.where(
                 ~finite,
                 NONFINITE,
                 jnp.where(
-                    res > divergence_factor * best_res,
+                    diverged,
                     DIVERGED,
                     jnp.where(c.k + 1 >= max_steps, MAX_STEPS, _RUNNING),
                 ),
             ),
         ).astype(jnp.int32)
+        status = jnp.where(running, status, c.status)
         next_x, aux = propose(c.aux, c.k, c.x, fx, gx)
+        # Per-problem freezing touches only what this step writes: the iterate, the best iterate
+        # (only where improved), the per-problem scalars and one trace column. The rule's history
+        # buffers (aux) are NOT masked: a stopped problem never runs again and its returned
+        # fields are frozen here, so what the rule keeps writing into its own rows of the
+        # histories influences nothing (each problem's rows are independent of the others').
+        still = status == _RUNNING
+        column = jnp.where(running & finite, res, inf)
+        if batch_ndim == 0:
+            # A masked select, not .at[k].set: under vmap k is batched and a scatter is slow.
+            trace = jnp.where(step_ids == c.k, column, c.trace)
+        else:
+            trace = jax.lax.dynamic_update_index_in_dim(c.trace, column, c.k, batch_ndim)
+        # f(best_x) is recorded at the first evaluation whatever it is, so f_value = f(value).
+        take_fx = improved | (running & (c.num_steps == 0))
         return _Carry(
             k=c.k + 1,
-            x=next_x,
+            num_steps=c.num_steps + running.astype(jnp.int32),
+            x=tree.tree_where(still, next_x, c.x, batch_ndim),
             aux=aux,
-            best_x=tree.tree_where(improved, c.x, c.best_x),
+            best_x=tree.tree_where(improved, c.x, c.best_x, batch_ndim),
+            best_fx=tree.tree_where(take_fx, fx, c.best_fx, batch_ndim),
             best_abs=jnp.where(improved, abs_res, c.best_abs),
             best_rel=jnp.where(improved, rel_res, c.best_rel),
-            # A masked select, not .at[k].set: under vmap k is batched and a scatter is slow.
-            trace=jnp.where(step_ids == c.k, jnp.where(finite, res, inf), c.trace),
+            best_res=jnp.where(improved, res, c.best_res),
+            min_abs=jnp.where(running & finite, jnp.minimum(c.min_abs, abs_res), c.min_abs),
+            trace=trace,
             status=status,
         )
 
+    per_problem_inf = jnp.full(batch_shape, jnp.inf, rdtype)
     init = _Carry(
         k=jnp.zeros((), jnp.int32),
+        num_steps=jnp.zeros(batch_shape, jnp.int32),
         x=z0,
         aux=aux0,
         best_x=z0,
-        best_abs=inf,
-        best_rel=inf,
-        trace=jnp.full((max_steps,), jnp.inf, rdtype),
-        status=jnp.asarray(_RUNNING, jnp.int32),
+        best_fx=z0,
+        best_abs=per_problem_inf,
+        best_rel=per_problem_inf,
+        best_res=per_problem_inf,
+        min_abs=per_problem_inf,
+        trace=jnp.full(batch_shape + (max_steps,), jnp.inf, rdtype),
+        status=jnp.full(batch_shape, _RUNNING, jnp.int32),
     )
     c = loop_lib.bounded_while_loop(cond_fun, body_fun, init, max_steps=max_steps, loop=loop)
     return Solution(
         value=c.best_x,
-        num_steps=c.k,
+        num_steps=c.num_steps,
         abs_residual=c.best_abs,
         rel_residual=c.best_rel,
         trace=c.trace,
         status=c.status,
+        f_value=c.best_fx,
     )

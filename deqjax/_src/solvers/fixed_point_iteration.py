@@ -20,6 +20,8 @@ def fixed_point_iteration(
     damping: float = 1.0,
     divergence_factor: float = 1e4,
     loop: str = "while",
+    atol: float | None = None,
+    batch_ndim: int = 0,
 ) -> base.Solution:
     """Solves ``z = f(z)`` by damped fixed-point iteration.
 
@@ -31,10 +33,14 @@ def fixed_point_iteration(
       z0: initial iterate.
       max_steps: maximum number of evaluations of ``f``.
       tol: stop when the residual (by ``stop_mode``) is ``<= tol``.
-      stop_mode: ``"abs"`` for ``||f(z) - z||`` or ``"rel"`` for ``||f(z) - z|| / ||f(z)||``.
+      stop_mode: ``"abs"`` for ``||f(z) - z||``, ``"rel"`` for ``||f(z) - z|| / ||f(z)||``, or
+        ``"mixed"`` for ``||f(z) - z|| <= atol + tol * ||z||`` (see :mod:`deqjax.solvers`).
       damping: the step ``z <- (1 - damping) z + damping f(z)``, in ``(0, 1]``.
       divergence_factor: stop with ``DIVERGED`` when the residual exceeds this multiple of the best.
       loop: ``"while"`` (default), ``"scan"`` (reverse-differentiable) or ``"python"`` (debugging).
+      atol: absolute tolerance of ``stop_mode="mixed"`` (``None``: equal to ``tol``).
+      batch_ndim: the number of leading axes of every leaf of ``z0`` that index independent
+        problems, solved together in one loop with per-problem stopping (0: one problem).
 
     Returns:
       A :class:`~deqjax.solvers.Solution`; its value is the lowest-residual iterate.
@@ -46,7 +52,16 @@ def fixed_point_iteration(
       >>> sol = fixed_point_iteration(jnp.cos, jnp.array(1.0), tol=1e-6)
       >>> sol.value  # 0.739085...
     """
-    z0 = base.check_common_args(f, z0, max_steps=max_steps, tol=tol, stop_mode=stop_mode, loop=loop)
+    z0 = base.check_common_args(
+        f,
+        z0,
+        max_steps=max_steps,
+        tol=tol,
+        stop_mode=stop_mode,
+        loop=loop,
+        atol=atol,
+        batch_ndim=batch_ndim,
+    )
     if not 0.0 < damping <= 1.0:
         raise ValueError(f"damping must be in (0, 1], got {damping}.")
     if not divergence_factor > 1.0:
@@ -66,4 +81,6 @@ def fixed_point_iteration(
         stop_mode=stop_mode,
         loop=loop,
         divergence_factor=divergence_factor,
+        atol=atol,
+        batch_ndim=batch_ndim,
     )
