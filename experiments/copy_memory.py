@@ -35,7 +35,7 @@ per model, per-step histories), ``loss.png`` (train loss per model; the DEQs' fo
 
 Usage:
   python experiments/copy_memory.py                # T = 50, ~10 minutes on 2 CPU cores
-  python experiments/copy_memory.py --smoke        # seconds
+  python experiments/copy_memory.py --smoke        # plumbing check, a few minutes
 """
 
 from __future__ import annotations
@@ -209,12 +209,14 @@ def parse_args(argv: Sequence[str] | None):
     p.add_argument(
         "--models",
         default="deq:transformer,deq:trellis,tied:transformer,untied:transformer,tied:trellis",
+        help="comma-separated kind:cell models (kind deq, tied or untied; cell transformer or\n"
+        "trellis)",
     )
-    p.add_argument("--d_model", type=int, default=32)
-    p.add_argument("--num_heads", type=int, default=2)
+    p.add_argument("--d_model", type=int, default=32, help="model width")
+    p.add_argument("--num_heads", type=int, default=2, help="attention heads")
     p.add_argument("--depth", type=int, default=6, help="layers of the explicit baselines")
     p.add_argument("--max_steps", type=int, default=20, help="DEQ Anderson steps")
-    p.add_argument("--tol", type=float, default=1e-3)
+    p.add_argument("--tol", type=float, default=1e-3, help="forward solver tolerance")
     p.add_argument(
         "--trellis_kernel",
         type=int,
@@ -223,10 +225,10 @@ def parse_args(argv: Sequence[str] | None):
     )
     p.add_argument("--jr_gamma", type=float, default=0.0, help="Jacobian regularization weight")
     p.add_argument("--adjoint", choices=common.ADJOINTS, default="implicit", help="DEQ gradient")
-    p.add_argument("--steps", type=int, default=1200)
-    p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--eval_batch_size", type=int, default=256)
-    p.add_argument("--learning_rate", type=float, default=2e-3)
+    p.add_argument("--steps", type=int, default=1200, help="training steps")
+    p.add_argument("--batch_size", type=int, default=32, help="training batch size")
+    p.add_argument("--eval_batch_size", type=int, default=256, help="evaluation batch size")
+    p.add_argument("--learning_rate", type=float, default=2e-3, help="peak learning rate")
     common.add_run_flags(p, out_dir="runs/copy_memory")
     return common.parse_with_smoke_defaults(
         p,

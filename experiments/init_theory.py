@@ -18,7 +18,7 @@ figure/ensemble/scale/seed: empirical and theory values), ``config.json``, ``sum
 
 Usage:
   python experiments/init_theory.py                 # n = 500, a few minutes on 2 CPU cores
-  python experiments/init_theory.py --smoke         # n = 32, seconds
+  python experiments/init_theory.py --smoke         # n = 32, a plumbing check
 """
 
 from __future__ import annotations
@@ -305,17 +305,29 @@ def write_readme(summary: dict, config: dict, out_dir: str) -> None:
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=500, help="matrix width")
-    parser.add_argument("--phi", default="tanh", choices=theory.PHI_NAMES)
+    parser.add_argument(
+        "--phi", default="tanh", choices=theory.PHI_NAMES, help="activation of the DEQ layer"
+    )
     parser.add_argument("--steps", type=int, default=200, help="forward iterations (Figs. 2-4)")
     parser.add_argument("--batch", type=int, default=8, help="inputs x per matrix")
-    parser.add_argument("--sigma_x", type=float, default=1.0)
-    parser.add_argument("--num_seeds", type=int, default=2)
+    parser.add_argument("--sigma_x", type=float, default=1.0, help="std of the inputs x")
+    parser.add_argument("--num_seeds", type=int, default=2, help="matrices per point")
     parser.add_argument("--num_scales", type=int, default=13, help="scales for Figs. 2-4")
-    parser.add_argument("--max_scale", type=float, default=2.5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out_dir", default=os.path.join("runs", "init_theory"))
-    parser.add_argument("--smoke", action="store_true", help="tiny n and few scales (seconds)")
+    parser.add_argument("--max_scale", type=float, default=2.5, help="largest scale sigma")
+    parser.add_argument("--seed", type=int, default=0, help="first seed")
+    parser.add_argument(
+        "--out_dir",
+        default=os.path.join("runs", "init_theory"),
+        help="output folder (--smoke: ..._smoke)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny n and few scales (under 4 minutes on 2 CPU cores); into runs/init_theory_smoke",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    if parser.parse_known_args(argv)[0].smoke:  # a smoke run never overwrites the full run
+        parser.set_defaults(out_dir=os.path.join("runs", "init_theory_smoke"))
     args = parser.parse_args(argv)
     if args.n < 2:
         parser.error("--n must be >= 2")

@@ -261,25 +261,34 @@ def parse_args(argv: Sequence[str] | None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--corpus", default="kjv", help="kjv | wikitext-103 | path")
     p.add_argument("--data_dir", default=None, help="directory with WikiText-103 wiki.*.tokens")
-    p.add_argument("--vocab_size", type=int, default=2000)
+    p.add_argument("--vocab_size", type=int, default=2000, help="sentencepiece vocabulary size")
     p.add_argument("--max_train_lines", type=int, default=0, help="0: all")
     p.add_argument("--max_eval_lines", type=int, default=2000, help="0: all")
-    p.add_argument("--models", default="deq,tied,untied")
-    p.add_argument("--d_model", type=int, default=64)
-    p.add_argument("--num_heads", type=int, default=4)
-    p.add_argument("--seq_len", type=int, default=64)
-    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument(
+        "--models",
+        default="deq,tied,untied",
+        help="comma-separated models to train: deq, tied, untied",
+    )
+    p.add_argument("--d_model", type=int, default=64, help="model width")
+    p.add_argument("--num_heads", type=int, default=4, help="attention heads")
+    p.add_argument("--seq_len", type=int, default=64, help="tokens per segment")
+    p.add_argument("--batch_size", type=int, default=16, help="segments per batch")
     p.add_argument("--max_steps", type=int, default=12, help="DEQ Anderson steps")
-    p.add_argument("--tol", type=float, default=1e-3)
+    p.add_argument("--tol", type=float, default=1e-3, help="forward solver tolerance")
     p.add_argument("--depth", type=int, default=0, help="explicit depth; 0: the DEQ's NFE")
-    p.add_argument("--pre_ln", action="store_true")
+    p.add_argument("--pre_ln", action="store_true", help="pre-layer-norm cells (default post-LN)")
     p.add_argument("--jr_gamma", type=float, default=0.0, help="JR weight (0: off)")
     p.add_argument("--adjoint", choices=common.ADJOINTS, default="implicit", help="DEQ gradient")
-    p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure compiled memory of each model",
+    )
     p.add_argument("--mem_len", type=int, default=0, help="memory positions M; 0: seq_len")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--eval_segments", type=int, default=20)
-    p.add_argument("--learning_rate", type=float, default=5e-3)
+    p.add_argument("--steps", type=int, default=300, help="training steps per model")
+    p.add_argument("--eval_segments", type=int, default=20, help="validation segments evaluated")
+    p.add_argument("--learning_rate", type=float, default=5e-3, help="peak learning rate")
     p.add_argument("--clip", type=float, default=0.25, help="global gradient-norm clip")
     common.add_run_flags(p, out_dir="runs/language_model")
     return common.parse_with_smoke_defaults(

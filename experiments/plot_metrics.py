@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("metrics_jsonl", help="JSONL written by deqjax.training.fit")
     parser.add_argument("--out", default=None, help="PNG path (default: <jsonl stem>.png)")
     parser.add_argument("--metrics", nargs="*", default=None, help="subset of metric names")
-    parser.add_argument("--title", default=None)
+    parser.add_argument("--title", default=None, help="figure title")
     args = parser.parse_args(argv)
     out = args.out or os.path.splitext(args.metrics_jsonl)[0] + ".png"
     names = plot(read_jsonl(args.metrics_jsonl), out, metrics=args.metrics, title=args.title)

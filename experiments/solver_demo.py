@@ -13,7 +13,7 @@ Outputs in ``--out_dir``: ``config.json``, ``results.json``, ``table.md`` and ``
 ``f``, log scale; an example that has stopped keeps its last residual).
 
     python experiments/solver_demo.py                  # full run, well under a minute on CPU
-    python experiments/solver_demo.py --smoke          # a few seconds
+    python experiments/solver_demo.py --smoke          # plumbing check, a few minutes
 """
 
 from __future__ import annotations
@@ -138,16 +138,26 @@ def plot(traces: dict, tol: float, path: str, title: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out_dir", type=str, default="runs/solver_demo")
-    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random layer")
+    parser.add_argument(
+        "--out_dir", type=str, default="runs/solver_demo", help="output folder (--smoke: ..._smoke)"
+    )
+    parser.add_argument("--width", type=int, default=256, help="state size of the layer")
     parser.add_argument("--radius", type=float, default=1.1, help="|eigenvalues| of W")
-    parser.add_argument("--max_steps", type=int, default=60)
+    parser.add_argument("--max_steps", type=int, default=60, help="solver step budget")
     parser.add_argument("--tol", type=float, default=1e-4, help="relative residual")
     parser.add_argument("--memory", type=int, default=10, help="limited Broyden memory")
-    parser.add_argument("--num_examples", type=int, default=1797)
+    parser.add_argument(
+        "--num_examples", type=int, default=1797, help="digits images solved (max 1797)"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="timed runs (median)")
-    parser.add_argument("--smoke", action="store_true", help="tiny run for tests")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny run for tests (under 4 minutes on 2 CPU cores); into runs/solver_demo_smoke",
+    )
+    if parser.parse_known_args()[0].smoke:  # a smoke run never overwrites the full run
+        parser.set_defaults(out_dir="runs/solver_demo_smoke")
     args = parser.parse_args()
     if args.smoke:
         args.width, args.num_examples, args.max_steps, args.repeats = 32, 64, 20, 1

@@ -30,7 +30,7 @@ together (``jax.vmap`` over runs, ``lax.scan`` over the steps of an epoch).
 Usage::
 
     python experiments/synthetic_1d.py                      # full run (~3-4 min on 2 CPU cores)
-    python experiments/synthetic_1d.py --smoke              # a few seconds of training
+    python experiments/synthetic_1d.py --smoke              # plumbing check, a few minutes
 """
 
 from __future__ import annotations
@@ -528,17 +528,34 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--seed", type=int, default=0, help="first seed")
-    parser.add_argument("--num_seeds", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=50)
-    parser.add_argument("--lr", type=float, default=1e-2)
-    parser.add_argument("--gammas", type=float, nargs="+", default=[0.0, 1.0, 2.0, 4.0])
+    parser.add_argument("--num_seeds", type=int, default=5, help="seeds per setting")
+    parser.add_argument("--epochs", type=int, default=50, help="training epochs per run")
+    parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
+    parser.add_argument(
+        "--gammas",
+        type=float,
+        nargs="+",
+        default=[0.0, 1.0, 2.0, 4.0],
+        help="fixed JR strengths gamma to compare",
+    )
     parser.add_argument("--no_adaptive", action="store_true", help="skip the adaptive-γ run")
-    parser.add_argument("--nfe_target", type=float, default=8.0)
-    parser.add_argument("--p", type=float, default=0.4)
-    parser.add_argument("--smoke", action="store_true", help="2 epochs on 512 examples, no plots")
-    parser.add_argument("--out_dir", default="runs/synthetic_1d")
+    parser.add_argument(
+        "--nfe_target", type=float, default=8.0, help="forward NFE the adaptive-γ run aims at"
+    )
+    parser.add_argument("--p", type=float, default=0.4, help="Bernoulli gate probability of JR")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="2 epochs on 512 examples, no plots (under 4 minutes on 2 CPU cores);\n"
+        "into runs/synthetic_1d_smoke",
+    )
+    parser.add_argument(
+        "--out_dir", default="runs/synthetic_1d", help="output folder (--smoke: ..._smoke)"
+    )
+    if parser.parse_known_args(argv)[0].smoke:  # a smoke run never overwrites the full run
+        parser.set_defaults(out_dir="runs/synthetic_1d_smoke")
     args = parser.parse_args(argv)
     cfg = Config(
         seed=args.seed,

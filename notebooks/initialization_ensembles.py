@@ -27,6 +27,7 @@
 
 # %%
 import functools
+import importlib.util
 import os
 import pathlib
 import sys
@@ -45,11 +46,15 @@ from sklearn.datasets import load_digits
 import deqjax as dq
 from deqjax import initializers, theory
 
-ROOT = pathlib.Path.cwd()
-if not (ROOT / "experiments").exists():
-    ROOT = ROOT.parent
-sys.path.insert(0, str(ROOT))
-from experiments import init_theory  # noqa: E402
+# The repository this deqjax was installed from (``pip install -e .``): the notebook runs from any
+# directory, and loads the experiment script by its path (no sys.path edits).
+ROOT = pathlib.Path(dq.__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location(
+    "init_theory", ROOT / "experiments" / "init_theory.py"
+)
+init_theory = importlib.util.module_from_spec(_spec)
+sys.modules["init_theory"] = init_theory
+_spec.loader.exec_module(init_theory)
 
 FAST = os.environ.get("DEQJAX_NOTEBOOK_FAST", "0") == "1"
 OUT = pathlib.Path(

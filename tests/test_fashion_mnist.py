@@ -11,7 +11,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
+import signal
 import sys
+import threading
+import time
 
 import jax
 import numpy as np
@@ -121,3 +125,159 @@ def test_load_data_standardises_and_subsets():
     with pytest.raises(ValueError, match="dataset"):
         fm.load_data("cifar")
     assert isinstance(data.DataNotFoundError("x"), Exception)
+
+
+# --- run-folder safety: refuse to overwrite, refuse to guess on resume ----------------------------
+
+
+def _copy_run(main_run, tmp_path) -> str:
+    out = str(tmp_path / "run")
+    shutil.copytree(main_run[0], out)
+    return out
+
+
+def _snapshot(folder: str) -> dict:
+    files = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            files[os.path.relpath(path, folder)] = open(path, "rb").read()
+    return files
+
+
+SMOKE = ["--smoke", "--dataset", "digits", "--no_progress"]
+
+
+def _exit_code(argv) -> int:
+    with pytest.raises(SystemExit) as exc:
+        _run(argv)
+    return exc.value.code
+
+
+def test_new_run_refuses_a_folder_holding_an_earlier_run(main_run, tmp_path, capsys):
+    out = _copy_run(main_run, tmp_path)
+    before = _snapshot(out)
+    assert _exit_code([*SMOKE, "--out_dir", out]) == 2
+    err = capsys.readouterr().err
+    assert "holds an earlier run" in err and "--overwrite" in err and "--resume" in err
+    assert _snapshot(out) == before  # nothing deleted
+
+
+def test_resume_names_every_changed_flag_and_changes_nothing(main_run, tmp_path, capsys):
+    out = _copy_run(main_run, tmp_path)
+    before = _snapshot(out)
+    changed = ["--width", "64", "--seed", "4", "--batch_size", "64", "--steps", "80"]
+    assert _exit_code([*SMOKE, "--out_dir", out, "--resume", *changed]) == 2
+    err = capsys.readouterr().err
+    for flag in ("--width: 32", "--seed: 0", "--batch_size: 32", "--steps: 40"):
+        assert flag in err, err
+    assert "cannot change on resume" in err
+    # a safe change alone needs --force; --force never accepts an unsafe one
+    assert _exit_code([*SMOKE, "--out_dir", out, "--resume", "--steps", "80"]) == 2
+    assert "pass --force" in capsys.readouterr().err
+    force_unsafe = [*SMOKE, "--out_dir", out, "--resume", "--force", "--steps", "80", "--lr", "1"]
+    assert _exit_code(force_unsafe) == 2
+    assert "--lr" in capsys.readouterr().err
+    assert _snapshot(out) == before
+
+
+def test_resume_with_no_restorable_checkpoint_stops_and_renames_nothing(main_run, tmp_path, capfd):
+    out = _copy_run(main_run, tmp_path)
+    for step in os.listdir(os.path.join(out, "ckpt")):
+        for root, _, names in os.walk(os.path.join(out, "ckpt", step, "state")):
+            for name in names:
+                path = os.path.join(root, name)
+                if os.sep + "d" + os.sep in path and os.path.getsize(path) > 8:
+                    os.truncate(path, os.path.getsize(path) // 2)
+    before = _snapshot(out)
+    assert _exit_code([*SMOKE, "--out_dir", out, "--resume"]) == 2
+    err = capfd.readouterr().err
+    assert "can be restored" in err and "corrupt" in err
+    assert "Traceback" not in err and "Event loop is closed" not in err
+    assert _snapshot(out) == before  # no *.corrupt, metrics kept
+
+
+def test_resume_of_a_folder_without_a_run_is_an_error(tmp_path, capsys):
+    assert _exit_code([*SMOKE, "--out_dir", str(tmp_path / "new"), "--resume"]) == 2
+    assert "holds no run to resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, name",
+    [
+        (["--epochs", "-1"], "--epochs"),
+        (["--train_size", "-5"], "--train_size"),
+        (["--clip_norm", "-1"], "--clip_norm"),
+        (["--dataset", "digits", "--data_dir", "X"], "--data_dir"),
+    ],
+)
+def test_bad_flags_are_rejected_naming_the_flag(flags, name, tmp_path, capsys):
+    assert _exit_code([*flags, "--out_dir", str(tmp_path / "o")]) == 2
+    assert name in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_garbled_idx_file_is_named(tmp_path, capsys):
+    folder = tmp_path / "fm"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for prefix in ("train", "t10k"):
+        images = rng.integers(0, 255, size=(20, 28, 28), dtype=np.uint8)
+        data.write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", images)
+        labels = rng.integers(0, 10, size=(20,), dtype=np.uint8)
+        data.write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
+    garbled = folder / "train-images-idx3-ubyte.gz"
+    raw = bytearray(garbled.read_bytes())
+    raw[20:-8] = bytes(b ^ 0x55 for b in raw[20:-8])
+    garbled.write_bytes(bytes(raw))
+    with pytest.raises(data.DataFormatError, match=str(garbled)):
+        data.load_fashion_mnist(folder, split="train")
+    assert _exit_code(["--data_dir", str(folder), "--out_dir", str(tmp_path / "o")]) == 2
+    assert str(garbled) in capsys.readouterr().err
+
+
+def test_forced_resume_appends_metrics_and_sigterm_reports_no_final_result(
+    main_run, tmp_path, capsys
+):
+    out = _copy_run(main_run, tmp_path)
+    metrics = os.path.join(out, "metrics.jsonl")
+    before = open(metrics, "rb").read()
+    steps = json.load(open(os.path.join(out, "config.json")))["steps"]
+
+    def terminate_after_a_new_step():
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            if any(r["step"] > steps for r in training.read_jsonl(metrics)):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=terminate_after_a_new_step, daemon=True)
+    killer.start()
+    argv = [*SMOKE, "--out_dir", out, "--resume", "--force", "--steps", "400", "--log_every", "1"]
+    assert _exit_code(argv) == 143
+    killer.join()
+    stdout = capsys.readouterr().out
+    assert "final test accuracy" not in stdout and "interrupted by SIGTERM" in stdout
+    assert open(metrics, "rb").read().startswith(before)  # append-only
+    train = [r["step"] for r in training.read_jsonl(metrics) if r["split"] == "train"]
+    assert train == sorted(set(train)) and train[-1] > steps
+    assert json.load(open(os.path.join(out, "config.json")))["steps"] == 400
+
+
+def test_nonfinite_training_skips_updates_and_stops_with_exit_3(tmp_path, capsys):
+    out = str(tmp_path / "nan")
+    diverge = ["--lr", "1e38", "--clip_norm", "0", "--schedule", "constant", "--log_every", "1"]
+    argv = [*SMOKE, "--out_dir", out, *diverge, "--max_nonfinite_steps", "3", "--checkpoint_every"]
+    assert _exit_code([*argv, "1", "--diagnostics_every", "0"]) == 3
+    err = capsys.readouterr().err
+    assert "non-finite for the last 3 steps" in err and "Traceback" not in err
+    last = training.read_jsonl(os.path.join(out, "metrics.jsonl"))[-1]
+    assert last["skipped_updates"] >= 3 and last["nonfinite_streak"] == 3
+    import orbax.checkpoint as ocp
+
+    steps = [d for d in os.listdir(os.path.join(out, "ckpt")) if d.isdigit()]
+    assert steps
+    for step in steps:  # every checkpoint kept holds finite values
+        state = ocp.StandardCheckpointer().restore(os.path.join(out, "ckpt", step, "state"))
+        assert training.all_finite(state), step

@@ -56,11 +56,14 @@ def test_notebook_executes_and_writes_figures(name, kernel_env, monkeypatch):
     monkeypatch.setenv("DEQJAX_NOTEBOOK_FAST", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    elsewhere = kernel_env / "elsewhere"
+    elsewhere.mkdir()
     client = nbclient.NotebookClient(
         nb,
         kernel_name=KERNEL_NAME,
         timeout=600,
-        resources={"metadata": {"path": str(ROOT / "notebooks")}},
+        # started outside the repository: the notebook must not depend on the working directory
+        resources={"metadata": {"path": str(elsewhere)}},
     )
     from jupyter_client.kernelspec import KernelSpecManager
 

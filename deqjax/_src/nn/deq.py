@@ -202,6 +202,26 @@ def _batch_size(tree_: PyTree, name: str) -> int:
     return sizes.pop()
 
 
+@contextlib.contextmanager
+def _naming_user_shapes(x: PyTree, z0: PyTree, per_example: bool):
+    """Re-raises a cell's shape error with the shapes the user passed (not the internal ones)."""
+    try:
+        yield
+    except (ValueError, TypeError) as e:
+        shapes = lambda t: [tuple(jnp.shape(a)) for a in jax.tree_util.tree_leaves(t)]  # noqa: E731
+        how = (
+            "per-example mode takes the leading axis as the batch and calls the cell on one "
+            "example at a time, with a batch axis of 1"
+            if per_example
+            else "the cell is called on x and z0 as given"
+        )
+        raise (TypeError if isinstance(e, TypeError) else ValueError)(
+            f"dq.nn.DEQ failed on the input x of shape {shapes(x)} with z0 of shape "
+            f"{shapes(z0)} ({how}). If the shapes are the problem: x and z0 need a leading batch "
+            f"axis [B, ...]; for a single example pass x[None]. The error: {e}"
+        ) from e
+
+
 def _take_first(tree_: PyTree) -> PyTree:
     return jax.tree_util.tree_map(lambda a: a[:1], tree_)
 
@@ -379,7 +399,8 @@ class DEQ(hk.Module):
         else:
             x_init, z_init = x, z0
         init_key = hk.next_rng_key() if hk.running_init() else None
-        params = hk.lift(init_params, allow_reuse=True)(init_key, x_init, z_init)
+        with _naming_user_shapes(x, z0, self.per_example):
+            params = hk.lift(init_params, allow_reuse=True)(init_key, x_init, z_init)
         key = hk.maybe_next_rng_key()
 
         if self.per_example:
@@ -405,13 +426,14 @@ class DEQ(hk.Module):
             def bound_cell(z):
                 return apply_cell(params, x, z, key)
 
-        if hk.running_init() and not self.solve_at_init:
-            # Skip the solve (compiling it for init would double the compile time): z* := f(z0),
-            # a Solution of the right structure with no steps taken.
-            z_star = bound_cell(z0)
-            sol = _unsolved(jax.eval_shape(run_solve, params, x, z0, keys)[1], z_star)
-        else:
-            z_star, sol = run_solve(params, x, z0, keys)
+        with _naming_user_shapes(x, z0, self.per_example):
+            if hk.running_init() and not self.solve_at_init:
+                # Skip the solve (compiling it for init would double the compile time): z* :=
+                # f(z0), a Solution of the right structure with no steps taken.
+                z_star = bound_cell(z0)
+                sol = _unsolved(jax.eval_shape(run_solve, params, x, z0, keys)[1], z_star)
+            else:
+                z_star, sol = run_solve(params, x, z0, keys)
 
         jac = None
         if jacobian_samples > 0:
