@@ -14,11 +14,13 @@ from deqjax._src.adjoints import (
     UnrolledAdjoint,
 )
 from deqjax._src.fixed_point import fixed_point
+from deqjax._src.implicit_diff import BackwardStats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Adjoint",
+    "BackwardStats",
     "ImplicitAdjoint",
     "OneStepAdjoint",
     "PhantomAdjoint",

@@ -122,12 +122,15 @@ def test_jit_vmap_of_grad_equals_loop_with_per_example_statistics():
     assert len(set(np.asarray(steps_batch).tolist())) > 1  # per-example convergence
 
 
-def test_unrolled_agrees_with_implicit_when_converged():
+@pytest.mark.parametrize("name,bound", [("fpi", 1e-8), ("anderson", 1e-4)])
+def test_unrolled_agrees_with_implicit_when_converged(name, bound):
+    # Unrolled fixed-point iteration converges to the implicit gradient; unrolled Anderson holds
+    # its mixing coefficients constant (stop_gradient), so it only approximates it.
     p, x = problem(seed=4)
-    solver = functools.partial(dq.solvers.anderson, tol=1e-12, max_steps=100)
+    solver = functools.partial(SOLVERS[name], tol=1e-12, max_steps=300)
     implicit = grad_fn(solver, dq.ImplicitAdjoint())(p, x)
     unrolled = grad_fn(solver, dq.UnrolledAdjoint())(p, x)
-    assert rel_err(unrolled, implicit) < 1e-8
+    assert rel_err(unrolled, implicit) < bound
 
 
 def test_unrolled_refuses_solver_without_loop_keyword():
@@ -297,7 +300,8 @@ def test_backward_failure_never_silently_zeroes_the_gradient(dtype, gain, bwd_kw
     assert int(diag(z_star)) == status
 
     def grad_x(on_failure):
-        adj = dq.ImplicitAdjoint(solver=bwd, on_failure=on_failure)
+        # No fallback: the policy itself is under test (a GMRES fallback would solve it).
+        adj = dq.ImplicitAdjoint(solver=bwd, fallback=None, on_failure=on_failure)
         loss = lambda x: jnp.vdot(g, dq.fixed_point(f, a, x, z0, solver=fwd, adjoint=adj)[0])  # noqa: E731
         return jax.jit(jax.grad(loss))(x)
 

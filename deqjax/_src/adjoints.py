@@ -11,11 +11,13 @@ Every strategy returns the forward solver's fixed point unchanged; only the grad
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from typing import Any, Callable
 
 import jax
 
-from deqjax._src import implicit_diff, tree
+from deqjax._src import implicit_diff, linear_solvers, tree
 from deqjax._src.solvers import base
 
 PyTree = Any
@@ -37,53 +39,127 @@ class Adjoint:
     """Base class of gradient strategies. Subclasses implement :meth:`solve`."""
 
     def solve(
-        self, f: CellFn, solver: base.SolverFn, params: PyTree, x: PyTree, z0: PyTree
+        self,
+        f: CellFn,
+        solver: base.SolverFn,
+        params: PyTree,
+        x: PyTree,
+        z0: PyTree,
+        *,
+        backward_stats: implicit_diff.BackwardStats | None = None,
     ) -> tuple[PyTree, base.Solution]:
-        """Runs the forward solve and attaches this strategy's gradient to its result."""
+        """Runs the forward solve and attaches this strategy's gradient to its result.
+
+        ``backward_stats``: the :class:`~deqjax.BackwardStats` probe; strategies without a
+        backward solve leave its cotangent 0.
+        """
         raise NotImplementedError
+
+
+_FALLBACK_MIN_STEPS = 100
+
+
+def _solver_defaults(solver: base.SolverFn) -> dict[str, Any]:
+    """The ``tol``/``stop_mode``/``max_steps`` a solver (or a ``functools.partial``) runs with."""
+    try:
+        params = inspect.signature(solver).parameters
+    except (TypeError, ValueError):
+        return {}
+    out = {}
+    for name in ("tol", "stop_mode", "max_steps"):
+        if name in params and params[name].default is not inspect.Parameter.empty:
+            out[name] = params[name].default
+    return out
+
+
+def default_fallback(backward_solver: base.SolverFn) -> base.SolverFn:
+    """GMRES with the backward solver's ``tol`` and ``stop_mode``, ``max(its max_steps, 100)``.
+
+    What ``ImplicitAdjoint(fallback="gmres")`` runs: the same convergence test as the first
+    backward solve (read from its signature or ``functools.partial`` keywords; GMRES's defaults
+    where they cannot be read), with a budget of at least 100 VJPs.
+    """
+    kw = _solver_defaults(backward_solver)
+    kw["max_steps"] = max(int(kw.get("max_steps", _FALLBACK_MIN_STEPS)), _FALLBACK_MIN_STEPS)
+    return functools.partial(linear_solvers.gmres, **kw)
 
 
 @dataclasses.dataclass(frozen=True)
 class ImplicitAdjoint(Adjoint):
     """Implicit-function-theorem gradient: solve ``uᵀ = uᵀ J_f(z*) + ∂ℓ/∂z*`` with VJPs only.
 
-    Implements the DEQ paper's Theorem 1 with the backward fixed-point solve of Eq. 11.
+    Implements the DEQ paper's Theorem 1 with the backward solve of Eq. 11, ``(I − Jᵀ)u = g``
+    written as the fixed point ``u = g + Jᵀu``. The backward runs, in order:
+
+    1. ``solver`` from ``u0 = g`` (default: the forward solver, same kind and settings);
+    2. if that did not reach ``CONVERGED`` (hit its step cap, diverged, went non-finite):
+       ``fallback``, warm-started from the first solve's best iterate, and its result is used
+       (under ``lax.cond``: no cost when the first solve converged). The default ``"gmres"`` is
+       :func:`deqjax.solvers.gmres` with the first solver's ``tol`` and ``stop_mode`` and
+       ``max(max_steps, 100)`` VJPs: a Krylov method converges whenever ``I − Jᵀ`` is
+       nonsingular, including where fixed-point iteration cannot (an eigenvalue of ``J`` near
+       ``−1``, e.g. ``z = cos z + π/2``);
+    3. if the result still did not converge: ``on_failure``.
+
+    A non-converged ``u`` is therefore never used silently: every backward solve's steps,
+    residual, fallback and failure are counted in the :class:`~deqjax.BackwardStats` gradient
+    channel (``dq.fixed_point(..., backward_stats=probe)``), and ``on_failure`` decides what the
+    gradient is.
 
     Args:
-      solver: backward solver for ``u = g + J_f(z*)ᵀ u``, any ``(h, u0) -> Solution`` (e.g.
-        ``functools.partial(dq.solvers.broyden, max_steps=20)``). ``None``: the forward solver.
-      on_failure: what a DIVERGED or NONFINITE backward solve gives (the gradient is never
-        silently zeroed):
-        ``"best"`` (default) the lowest-residual iterate ``u`` (the solve starts at ``u0 = g``, so
-        at worst this is the Jacobian-free gradient); ``"nan"`` NaN gradients, making the failure
-        visible (pair with ``optax.apply_if_finite`` to skip such steps); ``"one_step"`` the
-        Jacobian-free gradient ``u = g``. A backward solve that merely hits its step budget
-        (``MAX_STEPS``) always uses its lowest-residual iterate. Divergence of this linear solve
-        is detected reliably only with ``stop_mode="abs"``: a geometrically growing ``u`` keeps a
-        constant relative residual.
+      solver: backward solver for ``u = g + J_f(z*)ᵀ u``, any ``(h, u0) -> Solution``: a
+        fixed-point solver (e.g. ``functools.partial(dq.solvers.broyden, max_steps=20)``) or a
+        Krylov one (``dq.solvers.gmres``, ``bicgstab``, ``normal_cg``). ``None``: the forward
+        solver. With a batch-native forward solve, ``batch_ndim`` is passed on to it.
+      fallback: solver used where the first backward solve did not converge: ``"gmres"``
+        (default, see above), any solver ``(h, u0) -> Solution``, or ``None`` (no second attempt).
+      on_failure: what a backward solve that did not converge (after the fallback) gives (the
+        gradient is never silently zeroed): ``"best"`` (default) its lowest-residual iterate
+        ``u`` (never worse than the Jacobian-free ``u = g``, where every solve starts);
+        ``"nan"`` NaN gradients, making the failure visible (pair with
+        ``optax.apply_if_finite`` to skip such steps); ``"one_step"`` the Jacobian-free gradient
+        ``u = g``. Divergence of a fixed-point backward solve is detected reliably only with
+        ``stop_mode="abs"``: a geometrically growing ``u`` keeps a constant relative residual.
 
     The backward solve is not itself differentiable (no gradients of gradients).
 
     Example:
-      >>> z, sol = dq.fixed_point(f, params, x, z0, adjoint=dq.ImplicitAdjoint(
-      ...     solver=functools.partial(dq.solvers.anderson, max_steps=30, tol=1e-6)))
+      >>> adjoint = dq.ImplicitAdjoint(solver=functools.partial(dq.solvers.gmres, tol=1e-6))
+      >>> probe = dq.BackwardStats.zeros()
+      >>> def loss(p, probe):
+      ...     z, _ = dq.fixed_point(f, p, x, z0, adjoint=adjoint, backward_stats=probe)
+      ...     return jnp.sum(z ** 2)
+      >>> grads, stats = jax.grad(loss, argnums=(0, 1))(params, probe)
+      >>> stats.metrics()  # {"bwd_steps": ..., "bwd_rel_residual": ..., ...}
     """
 
     solver: base.SolverFn | None = None
+    fallback: base.SolverFn | str | None = "gmres"
     on_failure: str = "best"
 
     def __post_init__(self):
         if self.solver is not None and not callable(self.solver):
             raise ValueError(f"solver must be callable or None, got {self.solver!r}.")
+        if not (self.fallback is None or self.fallback == "gmres" or callable(self.fallback)):
+            raise ValueError(
+                f'fallback must be "gmres", a solver callable or None, got {self.fallback!r}.'
+            )
         if self.on_failure not in implicit_diff.ON_FAILURE:
             raise ValueError(
                 f"on_failure must be one of {implicit_diff.ON_FAILURE}, got {self.on_failure!r}."
             )
 
-    def solve(self, f, solver, params, x, z0):
-        backward = solver if self.solver is None else self.solver
+    def backward_config(self, forward_solver: base.SolverFn) -> implicit_diff.BackwardConfig:
+        """The resolved backward (solver, fallback, on_failure) for a given forward solver."""
+        backward = forward_solver if self.solver is None else self.solver
+        fallback = self.fallback
+        if isinstance(fallback, str):
+            fallback = default_fallback(backward)
+        return implicit_diff.BackwardConfig(backward, fallback, self.on_failure)
+
+    def solve(self, f, solver, params, x, z0, *, backward_stats=None):
         z_star, sol = implicit_diff.implicit_fixed_point(
-            f, solver, backward, self.on_failure, params, x, z0
+            f, solver, self.backward_config(solver), params, x, z0, backward_stats
         )
         return z_star, _stop_statistics(sol, z_star)
 
@@ -110,7 +186,8 @@ class PhantomAdjoint(Adjoint):
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau must be in (0, 1], got {self.tau}.")
 
-    def solve(self, f, solver, params, x, z0):
+    def solve(self, f, solver, params, x, z0, *, backward_stats=None):
+        del backward_stats  # no backward solve
         sol = solver(lambda z: f(params, x, z), jax.lax.stop_gradient(z0))
         z_star = jax.lax.stop_gradient(sol.value)
 
@@ -130,7 +207,8 @@ class OneStepAdjoint(Adjoint):
     returned value is ``z*``.
     """
 
-    def solve(self, f, solver, params, x, z0):
+    def solve(self, f, solver, params, x, z0, *, backward_stats=None):
+        del backward_stats  # no backward solve
         sol = solver(lambda z: f(params, x, z), jax.lax.stop_gradient(z0))
         z_star = jax.lax.stop_gradient(sol.value)
         z_out = _straight_through(z_star, f(params, x, z_star))
@@ -146,7 +224,8 @@ class UnrolledAdjoint(Adjoint):
     Gradients also flow to ``z0``.
     """
 
-    def solve(self, f, solver, params, x, z0):
+    def solve(self, f, solver, params, x, z0, *, backward_stats=None):
+        del backward_stats  # no backward solve
         if not base.accepts_loop_kind(solver):
             raise ValueError(
                 "UnrolledAdjoint needs a solver that accepts loop='scan' (the deqjax solvers and "

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import jax
 
-from deqjax._src import adjoints, tree
+from deqjax._src import adjoints, implicit_diff, tree
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers import base
 
@@ -27,6 +27,47 @@ def _check_no_traced_closure(f: CellFn, params: PyTree, x: PyTree, z0: PyTree) -
         )
 
 
+def _shapes(t: PyTree) -> str:
+    """``float32[3, 4]``-style description of a pytree's leaves, for error messages."""
+    leaves = jax.tree_util.tree_leaves(t)
+    parts = [f"{tree.leaf_dtype(leaf)}{list(jax.numpy.shape(leaf))}" for leaf in leaves[:6]]
+    text = ", ".join(parts) + (", ..." if len(leaves) > 6 else "")
+    return text if len(leaves) == 1 else f"({text})"
+
+
+def _check_cell(f: CellFn, params: PyTree, x: PyTree, z0: PyTree, has_aux: bool) -> None:
+    """Evaluates ``f``'s shapes at ``z0``; raises ``ValueError`` naming ``z0``'s and ``x``'s shapes.
+
+    A ``z0`` of the wrong shape otherwise fails deep inside the user's ``f`` (e.g. "dot_general
+    requires contracting dimensions to have the same shape") with no mention of ``z0``.
+    """
+    try:
+        out = jax.eval_shape(f, params, x, z0)
+    except Exception as err:  # noqa: BLE001 -- re-raised with the shapes, chained
+        raise ValueError(
+            f"f(params, x, z0) failed for z0 of shape {_shapes(z0)} and x of shape "
+            f"{_shapes(x)}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} "
+            "-- check that z0 has the shape of the state f returns (and x the shape f expects); "
+            "the original error is chained above."
+        ) from err
+    if has_aux:
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise ValueError(
+                "with has_aux=True, f must return a pair (z, aux); got "
+                f"{jax.tree_util.tree_structure(out)}."
+            )
+        out = out[0]
+    in_struct, out_struct = jax.tree_util.tree_structure(z0), jax.tree_util.tree_structure(out)
+    if in_struct != out_struct or any(
+        jax.numpy.shape(a) != b.shape
+        for a, b in zip(jax.tree_util.tree_leaves(z0), jax.tree_util.tree_leaves(out))
+    ):
+        raise ValueError(
+            f"f(params, x, z0) must return a state like z0: z0 has shape {_shapes(z0)} but f "
+            f"returns {_shapes(out)}{' as z (has_aux=True)' if has_aux else ''}."
+        )
+
+
 def fixed_point(
     f: CellFn,
     params: PyTree,
@@ -35,6 +76,8 @@ def fixed_point(
     *,
     solver: base.SolverFn = anderson_lib.anderson,
     adjoint: adjoints.Adjoint | None = None,
+    has_aux: bool = False,
+    backward_stats: implicit_diff.BackwardStats | None = None,
 ) -> tuple[PyTree, base.Solution]:
     """Solves ``z* = f(params, x, z*)`` and makes ``z*`` differentiable in ``params`` and ``x``.
 
@@ -52,16 +95,22 @@ def fixed_point(
       solver: forward solver ``(f_z, z0) -> Solution``, e.g.
         ``functools.partial(dq.solvers.broyden, max_steps=12)``.
       adjoint: the gradient strategy; ``None`` means ``ImplicitAdjoint()``.
+      has_aux: if True, ``f`` returns ``(z, aux)`` (as in jaxopt and optimistix): the solve uses
+        ``z`` and the result's first element is ``(z_star, aux)``, with ``aux`` that of
+        ``f(params, x, z_star)`` (one more evaluation of ``f``; differentiable like ``z_star``).
+      backward_stats: a :class:`~deqjax.BackwardStats` probe (``dq.BackwardStats.zeros()``), or
+        ``None``. Differentiate the loss with respect to it to receive the implicit backward
+        solve's statistics as its gradient (the gradient channel; see ``BackwardStats``).
 
     Returns:
-      ``(z_star, sol)``: the fixed point (the solver's lowest-residual iterate), and the forward
-      :class:`~deqjax.solvers.Solution` whose ``value`` is ``z_star`` and whose statistics carry no
-      gradient.
+      ``(z_star, sol)``, or ``((z_star, aux), sol)`` with ``has_aux``: the fixed point (the
+      solver's lowest-residual iterate), and the forward :class:`~deqjax.solvers.Solution` whose
+      ``value`` is ``z_star`` and whose statistics carry no gradient.
 
     Raises:
       ValueError: if ``f`` or ``solver`` is not callable, ``adjoint`` is not an adjoint, ``z0``
-        is not a float pytree, ``f`` changes the state's structure, or ``f`` closes over traced
-        values.
+        is not a float pytree, ``f`` fails on ``z0`` (the message names ``z0``'s and ``x``'s
+        shapes) or changes the state's structure, or ``f`` closes over traced values.
 
     Example:
       >>> f = lambda p, x, z: jnp.tanh(p["W"] @ z + x)
@@ -80,5 +129,16 @@ def fixed_point(
             f"OneStepAdjoint(), UnrolledAdjoint()), got {adjoint!r}."
         )
     tree.check_float_tree(z0, "z0")
+    if backward_stats is not None and not isinstance(backward_stats, implicit_diff.BackwardStats):
+        raise ValueError(
+            "backward_stats must be a dq.BackwardStats probe (dq.BackwardStats.zeros()) or None, "
+            f"got {type(backward_stats).__name__}."
+        )
+    _check_cell(f, params, x, z0, has_aux)
     _check_no_traced_closure(f, params, x, z0)
-    return adjoint.solve(f, solver, params, x, z0)
+    cell = (lambda p, xx, z: f(p, xx, z)[0]) if has_aux else f
+    kwargs = {} if backward_stats is None else {"backward_stats": backward_stats}
+    z_star, sol = adjoint.solve(cell, solver, params, x, z0, **kwargs)
+    if has_aux:
+        return (z_star, f(params, x, z_star)[1]), sol
+    return z_star, sol

@@ -6,15 +6,22 @@ Eq. 1–2) gives, for a loss ``ℓ(z*)``,
     ∂ℓ/∂θ = uᵀ ∂f/∂θ(z*),   ∂ℓ/∂x = uᵀ ∂f/∂x(z*),   where   uᵀ = uᵀ J_f(z*) + ∂ℓ/∂z*,
 
 i.e. ``u`` solves ``(I − J_f(z*))ᵀ u = g``. That linear system is itself a fixed-point problem
-``u = g + J_f(z*)ᵀ u`` (DEQ paper, Eq. 11), solved here with any forward solver using only
+``u = g + J_f(z*)ᵀ u`` (DEQ paper, Eq. 11), solved here with any deqjax solver using only
 vector–Jacobian products: the Jacobian is never formed, and nothing but ``(θ, x, z*)`` is kept
 from the forward pass, so memory does not depend on the number of forward steps.
+
+The backward solve is reported and robust (:func:`solve_adjoint`, shared with
+:func:`deqjax.jacobian.backward_convergence`): a first solve with the configured solver; where it
+did not converge, a fallback solve (GMRES by default) warm-started from its best iterate; where that
+fails too, an explicit ``on_failure`` policy. Its statistics leave the VJP through a *gradient
+channel*: the cotangent of a :class:`BackwardStats` probe passed to :func:`deqjax.fixed_point`.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import inspect
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +35,79 @@ CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
 ON_FAILURE = ("best", "nan", "one_step")
 
 
+class BackwardStats(NamedTuple):
+    """Statistics of implicit backward solves, summed: the gradient channel of ``fixed_point``.
+
+    Pass ``probe = dq.BackwardStats.zeros()`` as ``dq.fixed_point(..., backward_stats=probe)``
+    (or ``dq.nn.DEQ(..., backward_stats=True)``) and differentiate the loss with respect to the
+    probe too: the implicit VJP returns this backward solve's statistics as the probe's
+    "gradient". ``jax.grad(loss, argnums=(0, k))`` then gives ``(param_grads, stats)`` under
+    ``jit``, ``vmap`` and ``pmap`` with no host synchronisation. The probe does not change the
+    forward value or any other gradient.
+
+    Every field is a float sum, so statistics add up the way cotangents do: over several
+    ``fixed_point`` calls that share a probe (layers, time steps of a scan), over the examples of
+    a ``vmap`` with an unbatched probe, and over the problems of a batch-native solve
+    (``batch_ndim > 0``: one count per problem). Divide by ``count`` for means
+    (:meth:`metrics`). Gradient strategies other than :class:`~deqjax.ImplicitAdjoint` run no
+    backward solve and leave every field 0.
+
+    Attributes:
+      count: number of backward solves (problems).
+      num_steps: evaluations of the adjoint map used, first solve and fallback together.
+      rel_residual: final relative residual ``‖g + Jᵀu − u‖ / ‖g + Jᵀu‖`` of the ``u`` used.
+      failures: solves whose final status (after any fallback) is not ``CONVERGED``; these used
+        the ``on_failure`` policy.
+      fallbacks: solves whose first attempt did not converge and that ran the fallback solver.
+    """
+
+    count: jax.Array
+    num_steps: jax.Array
+    rel_residual: jax.Array
+    failures: jax.Array
+    fallbacks: jax.Array
+
+    @classmethod
+    def zeros(cls, dtype: jnp.dtype = jnp.float32) -> BackwardStats:
+        """The probe: every field a scalar 0 of ``dtype`` (a float dtype)."""
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise ValueError(f"dtype must be a float dtype, got {dtype}.")
+        zero = jnp.zeros((), dtype)
+        return cls(zero, zero, zero, zero, zero)
+
+    def metrics(self, prefix: str = "bwd_") -> dict[str, jax.Array]:
+        """Scalars to log: mean steps and residual per solve, failure and fallback fractions.
+
+        Means are ``sum / max(count, 1)``; with no backward solve every entry is 0. Names carry
+        no reduction suffix, so :func:`deqjax.training.reduce_metrics` averages them across
+        devices (equal per-device counts make that the global mean).
+        """
+        count = jnp.maximum(self.count, 1.0)
+        return {
+            f"{prefix}steps": self.num_steps / count,
+            f"{prefix}rel_residual": self.rel_residual / count,
+            f"{prefix}failure_rate": self.failures / count,
+            f"{prefix}fallback_rate": self.fallbacks / count,
+        }
+
+
+def _accepts(solver: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(solver).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def call_solver(solver: base.SolverFn, h: Callable, u0: PyTree, batch_ndim: int) -> base.Solution:
+    """``solver(h, u0)``, with ``batch_ndim=`` passed when it is nonzero and the solver takes it.
+
+    A solver without the keyword solves a batched ``u0`` as one problem (whole-batch stopping).
+    """
+    if batch_ndim and _accepts(solver, "batch_ndim"):
+        return solver(h, u0, batch_ndim=batch_ndim)
+    return solver(h, u0)
+
+
 def backward_solve(
     f: CellFn,
     params: PyTree,
@@ -35,11 +115,14 @@ def backward_solve(
     z_star: PyTree,
     cotangent: PyTree,
     solver: base.SolverFn,
+    *,
+    batch_ndim: int = 0,
 ) -> base.Solution:
     """Solves ``u = g + J_f(z*)ᵀ u`` for the adjoint ``u`` (DEQ paper, Eq. 11), VJPs only.
 
-    The solve starts from ``u0 = g``, so its lowest-residual iterate is never worse than the
-    Jacobian-free estimate ``u = g``.
+    One solve with ``solver``, started from ``u0 = g``, so its lowest-residual iterate is never
+    worse than the Jacobian-free estimate ``u = g``. :func:`solve_adjoint` adds the fallback and
+    the failure policy.
 
     Args:
       f: the cell ``f(params, x, z)``.
@@ -47,66 +130,174 @@ def backward_solve(
       x: its input.
       z_star: the fixed point.
       cotangent: ``g = ∂ℓ/∂z*``, a pytree like ``z_star``.
-      solver: any forward solver ``(h, u0) -> Solution``.
+      solver: any solver ``(h, u0) -> Solution`` (fixed-point or Krylov).
+      batch_ndim: leading axes of ``z_star`` that index independent problems.
 
     Returns:
       The backward solver's :class:`~deqjax.solvers.Solution` for ``u``.
     """
+    return call_solver(solver, _adjoint_map(f, params, x, z_star, cotangent), cotangent, batch_ndim)
+
+
+def _adjoint_map(f, params, x, z_star, cotangent):
     _, vjp_z = jax.vjp(lambda z: f(params, x, z), z_star)
 
     def adjoint_map(u):
         (jt_u,) = vjp_z(u)
         return tree.tree_add(cotangent, jt_u)
 
-    return solver(adjoint_map, cotangent)
+    return adjoint_map
 
 
-def _apply_failure_policy(sol: base.Solution, cotangent: PyTree, on_failure: str) -> PyTree:
-    failed = (sol.status == base.DIVERGED) | (sol.status == base.NONFINITE)
+class AdjointResult(NamedTuple):
+    """What :func:`solve_adjoint` returns."""
+
+    u: PyTree  # the adjoint used for the gradient (after the failure policy)
+    solution: base.Solution  # combined statistics (see solve_adjoint)
+    stats: BackwardStats  # summed over problems, in float32
+
+
+def solve_adjoint(
+    f: CellFn,
+    params: PyTree,
+    x: PyTree,
+    z_star: PyTree,
+    cotangent: PyTree,
+    *,
+    solver: base.SolverFn,
+    fallback: base.SolverFn | None,
+    on_failure: str,
+    batch_ndim: int = 0,
+) -> AdjointResult:
+    """The implicit backward: first solve, fallback where it did not converge, failure policy.
+
+    1. ``solver`` on ``u = g + Jᵀu`` from ``u0 = g``.
+    2. Where its status is not ``CONVERGED`` and ``fallback`` is given: ``fallback`` on the same
+       map, warm-started from the first solve's lowest-residual iterate, its result used instead.
+       Under ``lax.cond`` (for a single problem; skipped when not needed) or a per-problem select
+       (``batch_ndim > 0``; the fallback's loop does no work for problems already converged).
+    3. Where the final status is still not ``CONVERGED``: ``on_failure`` — ``"best"`` the
+       lowest-residual iterate, ``"nan"`` NaN, ``"one_step"`` the Jacobian-free ``u = g``.
+
+    Returns:
+      An :class:`AdjointResult`: ``u``; a Solution whose ``value`` is ``u`` before the policy,
+      ``num_steps`` counts both solves, residuals and ``status`` are final, and ``trace`` is the
+      first solve's; and the summed :class:`BackwardStats`.
+    """
+    h = _adjoint_map(f, params, x, z_star, cotangent)
+    first = call_solver(solver, h, cotangent, batch_ndim)
+    need = first.status != base.CONVERGED
+    summary = (first.value, first.num_steps, first.abs_residual, first.rel_residual, first.status)
+    if fallback is not None:
+
+        def run_fallback(start):
+            sol = call_solver(fallback, h, start, batch_ndim)
+
+            def like(a, ref):  # a fallback without batch_ndim reports whole-batch scalars
+                return jnp.broadcast_to(a, ref.shape).astype(ref.dtype)
+
+            return (
+                sol.value,
+                first.num_steps + like(sol.num_steps, first.num_steps),
+                like(sol.abs_residual, first.abs_residual),
+                like(sol.rel_residual, first.rel_residual),
+                like(sol.status, first.status),
+            )
+
+        if batch_ndim == 0:
+            summary = jax.lax.cond(need, run_fallback, lambda _: summary, first.value)
+        else:
+            fb = jax.lax.cond(jnp.any(need), run_fallback, lambda _: summary, first.value)
+            summary = (tree.tree_where(need, fb[0], summary[0], batch_ndim),) + tuple(
+                jnp.where(need, a, b) for a, b in zip(fb[1:], summary[1:])
+            )
+    value, num_steps, abs_res, rel_res, status = summary
+    failed = status != base.CONVERGED
     if on_failure == "best":
-        return sol.value
-    if on_failure == "nan":
-        nan = jax.tree_util.tree_map(lambda u: jnp.full_like(u, jnp.nan), sol.value)
-        return tree.tree_where(failed, nan, sol.value)
-    return tree.tree_where(failed, cotangent, sol.value)  # "one_step"
+        u = value
+    elif on_failure == "nan":
+        nan = jax.tree_util.tree_map(lambda v: jnp.full_like(v, jnp.nan), value)
+        u = tree.tree_where(failed, nan, value, batch_ndim)
+    else:  # "one_step"
+        u = tree.tree_where(failed, cotangent, value, batch_ndim)
+    solution = first._replace(
+        value=value, num_steps=num_steps, abs_residual=abs_res, rel_residual=rel_res, status=status
+    )
+    f32 = jnp.float32
+    stats = BackwardStats(
+        # Computed from the status values (not its static size): under vmap the cotangent must be
+        # batched so that JAX sums it over the examples for an unbatched probe.
+        count=jnp.sum((status >= 0).astype(f32)),
+        num_steps=jnp.sum(num_steps.astype(f32)),
+        rel_residual=jnp.sum(rel_res.astype(f32)),
+        failures=jnp.sum(failed.astype(f32)),
+        fallbacks=jnp.sum((need if fallback is not None else jnp.zeros_like(need)).astype(f32)),
+    )
+    return AdjointResult(u, solution, stats)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+class BackwardConfig(NamedTuple):
+    """The static configuration of the implicit backward (hashable)."""
+
+    solver: base.SolverFn
+    fallback: base.SolverFn | None
+    on_failure: str
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def implicit_fixed_point(
     f: CellFn,
     solver: base.SolverFn,
-    backward_solver: base.SolverFn,
-    on_failure: str,
+    backward: BackwardConfig,
     params: PyTree,
     x: PyTree,
     z0: PyTree,
+    probe: BackwardStats | None,
 ) -> tuple[PyTree, base.Solution]:
     """Forward solve of ``z = f(params, x, z)`` with implicit gradients in ``params`` and ``x``.
 
-    ``z0`` receives a zero gradient (the fixed point does not depend on where the solve starts).
-    Use through :class:`deqjax.ImplicitAdjoint` and :func:`deqjax.fixed_point`.
+    ``z0`` receives a zero gradient (the fixed point does not depend on where the solve starts);
+    ``probe`` (a :class:`BackwardStats` or ``None``) receives the backward solve's statistics as
+    its cotangent. With a batch-native forward solve (``sol.status.ndim = n > 0``) the backward
+    solves every problem's adjoint in one batched loop (``batch_ndim=n`` passed to the backward
+    solver) and takes the parameter VJP once for the whole batch. Use through
+    :class:`deqjax.ImplicitAdjoint` and :func:`deqjax.fixed_point`.
     """
+    del backward, probe
     sol = solver(lambda z: f(params, x, z), z0)
     return sol.value, sol
 
 
-def _fwd(f, solver, backward_solver, on_failure, params, x, z0):
+def _fwd(f, solver, backward, params, x, z0, probe):
     sol = solver(lambda z: f(params, x, z), z0)
-    return (sol.value, sol), (params, x, sol.value, z0)
+    return (sol.value, sol), (params, x, sol.value, z0, sol.status, probe)
 
 
-def _bwd(f, solver, backward_solver, on_failure, residuals, cotangents):
+def _bwd(f, solver, backward, residuals, cotangents):
     del solver
-    params, x, z_star, z0 = residuals
+    params, x, z_star, z0, fwd_status, probe = residuals
     g_z, g_sol = cotangents
     # The Solution's value is z*: a cotangent reaching it counts like one on z*. Its statistics
     # (steps, residuals, trace, status) are not differentiable and their cotangents are dropped.
     g = jax.tree_util.tree_map(jnp.add, g_z, g_sol.value)
-    sol_u = backward_solve(f, params, x, z_star, g, backward_solver)
-    u = _apply_failure_policy(sol_u, g, on_failure)
+    result = solve_adjoint(
+        f,
+        params,
+        x,
+        z_star,
+        g,
+        solver=backward.solver,
+        fallback=backward.fallback,
+        on_failure=backward.on_failure,
+        batch_ndim=fwd_status.ndim,
+    )
+    # One VJP in (params, x) for the whole batch: no per-example parameter cotangents.
     _, vjp_px = jax.vjp(lambda p, xx: f(p, xx, z_star), params, x)
-    g_params, g_x = vjp_px(u)
-    return g_params, g_x, tree.tree_zeros_like(z0)
+    g_params, g_x = vjp_px(result.u)
+    g_probe = None
+    if probe is not None:
+        g_probe = jax.tree_util.tree_map(lambda s, p: s.astype(p.dtype), result.stats, probe)
+    return g_params, g_x, tree.tree_zeros_like(z0), g_probe
 
 
 implicit_fixed_point.defvjp(_fwd, _bwd)

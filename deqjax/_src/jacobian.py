@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax._src import implicit_diff, tree
+from deqjax._src import adjoints, implicit_diff, tree
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers import base
 
@@ -202,17 +202,19 @@ def backward_convergence(
     cotangent: PyTree,
     *,
     solver: base.SolverFn = anderson_lib.anderson,
+    fallback: base.SolverFn | str | None = None,
+    batch_ndim: int = 0,
 ) -> base.Solution:
     """Runs the backward solve ``uᵀ = uᵀ J_f(z*) + g`` (JR paper, Eq. 2) and returns its statistics.
 
     The same solve :class:`deqjax.ImplicitAdjoint` runs inside the VJP of
     :func:`deqjax.fixed_point` (it calls the one implementation,
-    ``implicit_diff.backward_solve``), run here on stopped-gradient inputs so that its
-    :class:`~deqjax.solvers.Solution` — steps, residuals, trace, status — can be logged. This is
-    the "backward convergence" monitor of the JR paper's Fig. 3b/10a; pass the same ``solver``
-    as the adjoint's backward solver to see what training sees.
-
-    One problem per call: ``jax.vmap`` it for a batch of per-example solves.
+    ``implicit_diff.solve_adjoint``: first solve, then ``fallback`` where it did not converge),
+    run here on stopped-gradient inputs so that its :class:`~deqjax.solvers.Solution` — steps,
+    residuals, trace, status — can be logged. This is the "backward convergence" monitor of the
+    JR paper's Fig. 3b/10a; pass the adjoint's backward ``solver`` and ``fallback="gmres"`` (the
+    adjoint's default) to see what training sees. Inside a training step the cheaper way is the
+    :class:`~deqjax.BackwardStats` gradient channel, which reports the solve training actually ran.
 
     Args:
       f: the cell ``f(params, x, z)``.
@@ -223,9 +225,15 @@ def backward_convergence(
         ``jax.grad(lambda z: loss(head(z)))(z_star)``.
       solver: the backward solver ``(h, u0) -> Solution``, e.g.
         ``functools.partial(dq.solvers.anderson, max_steps=6, tol=1e-4)``; default ``anderson``.
+      fallback: as in :class:`deqjax.ImplicitAdjoint` (``"gmres"``, a solver, or ``None``:
+        the default here, the first solve only).
+      batch_ndim: leading axes of ``z_star`` that index independent problems (passed to solvers
+        that take it); 0: one problem per call (``jax.vmap`` it for per-example solves).
 
     Returns:
-      The backward solver's :class:`~deqjax.solvers.Solution` for ``u`` (its ``value`` is ``u``).
+      The backward :class:`~deqjax.solvers.Solution` for ``u`` (its ``value`` is ``u``): with a
+      fallback, ``num_steps`` counts both solves, residuals and ``status`` are the final ones and
+      ``trace`` is the first solve's.
 
     Raises:
       ValueError: if ``f`` or ``solver`` is not callable or ``z_star``/``cotangent`` are not float
@@ -242,8 +250,17 @@ def backward_convergence(
         raise ValueError(f"solver must be callable, got {solver!r}.")
     tree.check_float_tree(z_star, "z_star")
     tree.check_float_tree(cotangent, "cotangent")
+    config = adjoints.ImplicitAdjoint(solver=solver, fallback=fallback).backward_config(solver)
     stop = jax.lax.stop_gradient
-    sol = implicit_diff.backward_solve(
-        f, stop(params), stop(x), stop(z_star), stop(cotangent), solver
+    result = implicit_diff.solve_adjoint(
+        f,
+        stop(params),
+        stop(x),
+        stop(z_star),
+        stop(cotangent),
+        solver=config.solver,
+        fallback=config.fallback,
+        on_failure="best",
+        batch_ndim=batch_ndim,
     )
-    return stop(sol)
+    return stop(result.solution)

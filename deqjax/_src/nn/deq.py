@@ -326,6 +326,7 @@ class DEQ(hk.Module):
         jacobian_samples: int = 0,
         jacobian_key: jax.Array | None = None,
         full_output: bool = False,
+        backward_stats: Any = None,
     ) -> tuple[PyTree, base.Solution] | DEQOutput:
         """Solves for the equilibrium.
 
@@ -339,6 +340,9 @@ class DEQ(hk.Module):
           jacobian_key: key of the probes; ``None``: ``hk.next_rng_key()``.
           full_output: return a :class:`DEQOutput` instead of ``(z_star, solution)`` (same as
             :meth:`solve`).
+          backward_stats: a :class:`~deqjax.BackwardStats` probe passed to
+            :func:`deqjax.fixed_point`: differentiate the loss with respect to it (pass it into
+            ``apply``) to receive the implicit backward solves' statistics, summed over examples.
 
         Returns:
           ``(z_star, solution)``, or a :class:`DEQOutput` if ``full_output``.
@@ -387,7 +391,13 @@ class DEQ(hk.Module):
         def solve_batch(params, x_, z0_, key):  # arrays with a batch axis (of 1 per example)
             ctx = prepare(params, key, x_, z0_)
             return fixed_point_lib.fixed_point(
-                step, (params, ctx), (x_, key), z0_, solver=solver, adjoint=adjoint
+                step,
+                (params, ctx),
+                (x_, key),
+                z0_,
+                solver=solver,
+                adjoint=adjoint,
+                backward_stats=backward_stats,
             )
 
         def apply_cell(params, x_, z_, key):  # one f evaluation, context recomputed
@@ -457,6 +467,7 @@ class DEQ(hk.Module):
         is_training: bool = True,
         jacobian_samples: int = 0,
         jacobian_key: jax.Array | None = None,
+        backward_stats: Any = None,
     ) -> DEQOutput:
         """``self(x, z0, ..., full_output=True)``: the :class:`DEQOutput` with the cell map and JR
         penalty. Parameters are shared with ``__call__`` (same names).
@@ -472,4 +483,5 @@ class DEQ(hk.Module):
             jacobian_samples=jacobian_samples,
             jacobian_key=jacobian_key,
             full_output=True,
+            backward_stats=backward_stats,
         )
