@@ -79,6 +79,7 @@ CURVE_METRICS = (
     "bwd_rel_residual",
     "jac_frobenius",
     "spectral_radius",
+    "skipped_updates",
 )
 
 
