@@ -193,6 +193,9 @@ def prepare_run_dir(
 ) -> RunDir:
     """Checks ``out_dir`` against the flags, then creates it and writes ``config.json``.
 
+    A resumed run leaves ``config.json`` as it is, unless ``force`` accepted changes: then it is
+    rewritten with the current flags (the next ``--resume`` compares against those).
+
     Args:
       out_dir: the run's output folder.
       config: the run's flags (JSON-able), e.g. ``vars(args)`` plus derived values.
@@ -266,7 +269,8 @@ def prepare_run_dir(
                     shutil.rmtree(path)
                 else:
                     os.remove(path)
-    if write:
+    # A resumed run keeps its config.json unless --force accepted changes (then it records them).
+    if write and (not resume or accepted):
         os.makedirs(out_dir, exist_ok=True)
         write_config(out_dir, config, name=config_name)
     return RunDir(out_dir, resume, accepted)
