@@ -27,7 +27,7 @@ Usage:
   python experiments/fashion_mnist.py --epochs 1 --no_jr    # quicker, no Jacobian regularisation
   python experiments/fashion_mnist.py --resume              # continue a killed run
   python experiments/fashion_mnist.py --sweep               # Fig. 5 at reduced cost
-  python experiments/fashion_mnist.py --smoke --dataset digits   # ~1 minute; used by tests
+  python experiments/fashion_mnist.py --smoke --dataset digits   # 1-3 minutes; used by tests
 """
 
 from __future__ import annotations
@@ -880,7 +880,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--smoke",
         action="store_true",
-        help="tiny run for tests (about a minute on 2 CPU cores with --dataset digits)",
+        help="tiny run for tests (1-3 minutes on 2 CPU cores with --dataset digits)",
     )
     g.add_argument("--sweep", action="store_true", help="init paper Fig. 5 sweep")
     g.add_argument(

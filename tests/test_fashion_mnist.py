@@ -266,6 +266,7 @@ def test_forced_resume_appends_metrics_and_sigterm_reports_no_final_result(
     assert json.load(open(os.path.join(out, "config.json")))["steps"] == 400
 
 
+@pytest.mark.slow  # ~30 s of compile; the fit-level tests in test_training.py are fast
 def test_nonfinite_training_skips_updates_and_stops_with_exit_3(tmp_path, capsys):
     out = str(tmp_path / "nan")
     diverge = ["--lr", "1e38", "--clip_norm", "0", "--schedule", "constant", "--log_every", "1"]
