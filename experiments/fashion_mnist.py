@@ -969,7 +969,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
             safe_keys=SAFE_ON_RESUME,
             outputs=OUTPUTS,
             config_name="sweep_config.json" if args.sweep else "config.json",
-            write=is_main,
         )
     except training.RunDirError as e:
         _fail(str(e), 2)

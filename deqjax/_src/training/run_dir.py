@@ -189,7 +189,7 @@ def prepare_run_dir(
     ignore_keys: Iterable[str] = IGNORED_KEYS,
     outputs: Iterable[str] = (),
     config_name: str = CONFIG_NAME,
-    write: bool = True,
+    write: bool | None = None,
 ) -> RunDir:
     """Checks ``out_dir`` against the flags, then creates it and writes ``config.json``.
 
@@ -206,7 +206,9 @@ def prepare_run_dir(
       ignore_keys: config keys never compared (default :data:`IGNORED_KEYS`).
       outputs: further files this experiment writes into ``out_dir`` (deleted by ``overwrite``).
       config_name: the file the flags are kept in (another name for another mode of a script).
-      write: write ``config.json`` (False on the non-zero processes of a multi-host run).
+      write: delete (``overwrite``) and write files; default: process 0 only. In a multi-host
+        run every process must call this: all check the folder first, then (after a barrier)
+        process 0 changes it, then all continue together.
 
     Returns:
       A :class:`RunDir`.
@@ -217,6 +219,9 @@ def prepare_run_dir(
         ``overwrite``; ``resume`` together with ``overwrite``.
     """
     out_dir = os.fspath(out_dir)
+    multi = _process_count() > 1
+    if write is None:
+        write = _process_index() == 0
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite contradict each other: choose one.")
     present = holds_run(out_dir, (config_name, *outputs))
@@ -255,22 +260,43 @@ def prepare_run_dir(
                     f"({len(changes)} changed):\n" + "\n".join(lines) + f"\n{hint}."
                 )
             accepted = changes
-    elif present:
-        if not overwrite:
-            raise RunDirError(
-                f"{out_dir} holds an earlier run ({', '.join(present)}); pass --resume to "
-                f"continue it, --overwrite to delete it and start afresh, or choose another "
-                f"--out_dir."
-            )
-        if write:
-            for name in present:
-                path = os.path.join(out_dir, name)
-                if os.path.isdir(path):
-                    shutil.rmtree(path)
-                else:
-                    os.remove(path)
+    elif present and not overwrite:
+        raise RunDirError(
+            f"{out_dir} holds an earlier run ({', '.join(present)}); pass --resume to "
+            f"continue it, --overwrite to delete it and start afresh, or choose another "
+            f"--out_dir."
+        )
+    if multi:  # every process has checked the folder before any process changes it
+        _barrier("deqjax_run_dir_checked")
+    if not resume and present and write:
+        for name in present:
+            path = os.path.join(out_dir, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
     # A resumed run keeps its config.json unless --force accepted changes (then it records them).
     if write and (not resume or accepted):
         os.makedirs(out_dir, exist_ok=True)
         write_config(out_dir, config, name=config_name)
+    if multi:
+        _barrier("deqjax_run_dir_ready")
     return RunDir(out_dir, resume, accepted)
+
+
+def _process_count() -> int:
+    import jax
+
+    return jax.process_count()
+
+
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def _barrier(name: str) -> None:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(name)
