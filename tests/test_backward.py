@@ -413,3 +413,17 @@ def test_wrong_z0_shape_names_z0_and_x_shapes():
     # f runs but returns another shape: named too.
     with pytest.raises(ValueError, match=r"z0 has shape float64\[1\]"):
         dq.fixed_point(lambda p, x, z: jnp.tanh(p["W"] @ x + z), p, x, jnp.zeros(1))
+
+
+def test_krylov_mixed_stop_mode_and_inherited_fallback_tolerance():
+    a, g = affine_problem(seed=1)
+    sol = dq.solvers.gmres(
+        lambda u: g + a.T @ u, jnp.zeros(12), stop_mode="mixed", tol=1e-9, atol=1e-10, max_steps=400
+    )
+    assert int(sol.status) == dq.solvers.CONVERGED
+    assert float(sol.abs_residual) <= 1e-10 + 1e-9 * float(jnp.linalg.norm(sol.value))
+    bwd = functools.partial(
+        dq.solvers.fixed_point_iteration, stop_mode="mixed", tol=1e-9, atol=1e-11, max_steps=7
+    )
+    fb = dq.ImplicitAdjoint(solver=bwd).backward_config(FWD).fallback
+    assert fb.keywords == {"tol": 1e-9, "stop_mode": "mixed", "atol": 1e-11, "max_steps": 100}

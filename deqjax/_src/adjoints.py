@@ -60,20 +60,20 @@ _FALLBACK_MIN_STEPS = 100
 
 
 def _solver_defaults(solver: base.SolverFn) -> dict[str, Any]:
-    """The ``tol``/``stop_mode``/``max_steps`` a solver (or a ``functools.partial``) runs with."""
+    """The ``tol``/``stop_mode``/``atol``/``max_steps`` a solver (or a partial) runs with."""
     try:
         params = inspect.signature(solver).parameters
     except (TypeError, ValueError):
         return {}
     out = {}
-    for name in ("tol", "stop_mode", "max_steps"):
+    for name in ("tol", "stop_mode", "atol", "max_steps"):
         if name in params and params[name].default is not inspect.Parameter.empty:
             out[name] = params[name].default
     return out
 
 
 def default_fallback(backward_solver: base.SolverFn) -> base.SolverFn:
-    """GMRES with the backward solver's ``tol`` and ``stop_mode``, ``max(its max_steps, 100)``.
+    """GMRES with the backward solver's ``tol``/``stop_mode``/``atol``, ``max(max_steps, 100)``.
 
     What ``ImplicitAdjoint(fallback="gmres")`` runs: the same convergence test as the first
     backward solve (read from its signature or ``functools.partial`` keywords; GMRES's defaults

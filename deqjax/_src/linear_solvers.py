@@ -61,36 +61,34 @@ _REL_EPS = 1e-30
 class _Carry(NamedTuple):
     k: jax.Array  # int32 []: evaluations of f charged so far
     u: PyTree  # current iterate (start of the next chunk)
-    fu_norm: jax.Array  # [*batch]: ||f(u)|| (scales the relative target)
+    scale: jax.Array  # [*batch]: the residual's denominator (1, ||f(u)|| or atol/tol + ||u||)
     best_u: PyTree
     best_abs: jax.Array  # [*batch]
     best_rel: jax.Array  # [*batch]
+    best_res: jax.Array  # [*batch]: by stop_mode
     trace: jax.Array  # [*batch, max_steps]
     status: jax.Array  # int32 [*batch]
 
 
 def _check_args(
-    f: MapFn, z0: PyTree, max_steps: int, tol: float, stop_mode: str, batch_ndim: int
+    f: MapFn,
+    z0: PyTree,
+    max_steps: int,
+    tol: float,
+    stop_mode: str,
+    atol: float | None,
+    batch_ndim: int,
 ) -> PyTree:
-    z0 = base.check_common_args(
-        f, z0, max_steps=max_steps, tol=tol, stop_mode=stop_mode, loop="while"
+    return base.check_common_args(
+        f,
+        z0,
+        max_steps=max_steps,
+        tol=tol,
+        stop_mode=stop_mode,
+        loop="while",
+        atol=atol,
+        batch_ndim=batch_ndim,
     )
-    if isinstance(batch_ndim, bool) or not isinstance(batch_ndim, (int, np.integer)):
-        raise ValueError(f"batch_ndim must be an int >= 0, got {batch_ndim!r}.")
-    leaves = jax.tree_util.tree_leaves(z0)
-    if batch_ndim < 0 or any(leaf.ndim < batch_ndim for leaf in leaves):
-        shapes = [list(leaf.shape) for leaf in leaves]
-        raise ValueError(
-            f"batch_ndim must be >= 0 and at most the rank of every leaf of z0, got {batch_ndim} "
-            f"for leaf shapes {shapes}."
-        )
-    batch_shapes = {leaf.shape[:batch_ndim] for leaf in leaves}
-    if len(batch_shapes) > 1:
-        raise ValueError(
-            f"with batch_ndim={batch_ndim} every leaf of z0 must share the leading batch axes, "
-            f"got {sorted(batch_shapes)}."
-        )
-    return z0
 
 
 def _make_solution(**fields: Any) -> base.Solution:
@@ -108,6 +106,7 @@ def _krylov_solve(
     max_steps: int,
     tol: float,
     stop_mode: str,
+    atol: float | None,
     batch_ndim: int,
     needs_transpose: bool,
 ) -> base.Solution:
@@ -131,23 +130,29 @@ def _krylov_solve(
     else:
         operators = (matvec,)
 
-    def residuals(u: PyTree, fu: PyTree) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-        r = tree.tree_sub(fu, u)
-        abs_res = tree.tree_norm(r, batch_ndim)
+    # Mixed mode: ||r|| <= atol + tol ||u||  <=>  ||r|| / (atol / tol + ||u||) <= tol.
+    floor = (tol if atol is None else atol) / tol if stop_mode == "mixed" else 0.0
+
+    def residuals(u: PyTree, fu: PyTree):
+        """Absolute and relative residuals, the stop_mode residual and its denominator."""
+        abs_res = tree.tree_norm(tree.tree_sub(fu, u), batch_ndim)
         fu_norm = tree.tree_norm(fu, batch_ndim)
         rel_res = abs_res / (fu_norm + jnp.asarray(_REL_EPS, rdtype))
-        finite = jnp.isfinite(abs_res) & jnp.isfinite(fu_norm)
-        return abs_res, rel_res, fu_norm, finite
-
-    def measure(res_abs, res_rel):
-        return res_rel if stop_mode == "rel" else res_abs
+        if stop_mode == "rel":
+            scale = fu_norm
+        elif stop_mode == "mixed":
+            scale = jnp.asarray(floor, rdtype) + tree.tree_norm(u, batch_ndim)
+        else:
+            scale = jnp.ones_like(abs_res)
+        res = rel_res if stop_mode == "rel" else abs_res / scale
+        finite = jnp.isfinite(abs_res) & jnp.isfinite(fu_norm) & jnp.isfinite(res)
+        return abs_res, rel_res, res, scale, finite
 
     batch_shape = jax.tree_util.tree_leaves(z0)[0].shape[:batch_ndim]
     # Step indices shaped [1, ..., 1, max_steps] to broadcast against the [*batch, max_steps] trace.
     step_ids = jnp.arange(max_steps, dtype=jnp.int32).reshape((1,) * batch_ndim + (max_steps,))
     fz0 = f(z0)
-    abs0, rel0, fu_norm0, finite0 = residuals(z0, fz0)
-    res0 = measure(abs0, rel0)
+    abs0, rel0, res0, scale0, finite0 = residuals(z0, fz0)
     k0 = jnp.asarray(2, jnp.int32)  # f(0) and f(z0)
     status0 = jnp.where(
         finite0 & (res0 <= tol),
@@ -163,10 +168,11 @@ def _krylov_solve(
     init = _Carry(
         k=k0,
         u=z0,
-        fu_norm=fu_norm0,
+        scale=scale0,
         best_u=z0,
         best_abs=jnp.where(finite0, abs0, inf),
         best_rel=jnp.where(finite0, rel0, inf),
+        best_res=jnp.where(finite0, res0, inf),
         trace=trace0,
         status=status0,
     )
@@ -176,17 +182,15 @@ def _krylov_solve(
 
     def body_fun(c: _Carry) -> _Carry:
         running = c.status == base._RUNNING
-        target = jnp.asarray(tol, rdtype) * (c.fu_norm if stop_mode == "rel" else 1.0)
+        target = jnp.asarray(tol, rdtype) * c.scale  # the absolute residual each problem needs
         # One global Krylov solve: the global residual norm below every running problem's target
         # is sufficient for all of them.
-        atol = jnp.min(jnp.where(running, target, inf))
-        u = chunk_solve(*operators, b, c.u, atol)
+        inner_atol = jnp.min(jnp.where(running, target, inf))
+        u = chunk_solve(*operators, b, c.u, inner_atol)
         fu = f(u)
         k = c.k + chunk_cost + 1
-        abs_res, rel_res, fu_norm, finite = residuals(u, fu)
-        res = measure(abs_res, rel_res)
-        best_res = c.best_rel if stop_mode == "rel" else c.best_abs
-        improved = running & finite & (res < best_res)
+        abs_res, rel_res, res, scale, finite = residuals(u, fu)
+        improved = running & finite & (res < c.best_res)
         new_status = jnp.where(
             finite & (res <= tol),
             base.CONVERGED,
@@ -204,10 +208,11 @@ def _krylov_solve(
             k=k,
             # A non-finite chunk restarts from the best iterate (other problems go on).
             u=tree.tree_where(finite, u, c.best_u, batch_ndim),
-            fu_norm=jnp.where(finite, fu_norm, c.fu_norm),
+            scale=jnp.where(finite, scale, c.scale),
             best_u=tree.tree_where(improved, u, c.best_u, batch_ndim),
             best_abs=jnp.where(improved, abs_res, c.best_abs),
             best_rel=jnp.where(improved, rel_res, c.best_rel),
+            best_res=jnp.where(improved, res, c.best_res),
             trace=trace,
             status=jnp.where(running, new_status, c.status),
         )
@@ -245,6 +250,7 @@ def gmres(
     max_steps: int = 100,
     tol: float = 1e-4,
     stop_mode: str = "rel",
+    atol: float | None = None,
     restart: int = 20,
     batch_ndim: int = 0,
 ) -> base.Solution:
@@ -263,7 +269,9 @@ def gmres(
       max_steps: budget of evaluations of ``f`` (two go to ``b = f(0)`` and ``f(z0)``; each
         cycle costs ``restart + 3``).
       tol: stop when the residual (by ``stop_mode``) is ``<= tol``.
-      stop_mode: ``"abs"`` for ``‖f(u) − u‖`` or ``"rel"`` for ``‖f(u) − u‖ / ‖f(u)‖``.
+      stop_mode: ``"abs"`` for ``‖f(u) − u‖``, ``"rel"`` for ``‖f(u) − u‖ / ‖f(u)‖``, or
+        ``"mixed"`` for ``‖f(u) − u‖ <= atol + tol ‖u‖`` (as in the fixed-point solvers).
+      atol: the absolute part of ``"mixed"`` (``None``: ``tol``).
       restart: Krylov dimension per cycle (reduced so that one cycle fits in ``max_steps``).
       batch_ndim: leading axes of every leaf that index independent problems (per-problem
         statistics; one global Krylov solve).
@@ -277,7 +285,7 @@ def gmres(
     Example:
       >>> sol = dq.solvers.gmres(lambda u: g + 0.9 * u, jnp.zeros(3), tol=1e-8)  # u = 10 g
     """
-    z0 = _check_args(f, z0, max_steps, tol, stop_mode, batch_ndim)
+    z0 = _check_args(f, z0, max_steps, tol, stop_mode, atol, batch_ndim)
     _check_positive(restart, "restart")
     size = tree.tree_size(z0)
     iters = _chunk_iters(min(restart, max(size, 1)), 1, 2, max_steps)
@@ -296,6 +304,7 @@ def gmres(
         max_steps=max_steps,
         tol=tol,
         stop_mode=stop_mode,
+        atol=atol,
         batch_ndim=batch_ndim,
         needs_transpose=False,
     )
@@ -308,6 +317,7 @@ def bicgstab(
     max_steps: int = 100,
     tol: float = 1e-4,
     stop_mode: str = "rel",
+    atol: float | None = None,
     chunk: int = 50,
     batch_ndim: int = 0,
 ) -> base.Solution:
@@ -323,7 +333,8 @@ def bicgstab(
       z0: initial iterate.
       max_steps: budget of evaluations of ``f`` (each chunk costs ``2 chunk + 2``).
       tol: stop when the residual (by ``stop_mode``) is ``<= tol``.
-      stop_mode: ``"abs"`` or ``"rel"``.
+      stop_mode: ``"abs"``, ``"rel"`` or ``"mixed"``.
+      atol: the absolute part of ``"mixed"`` (``None``: ``tol``).
       chunk: BiCGStab iterations between two residual checks.
       batch_ndim: leading axes that index independent problems.
 
@@ -333,7 +344,7 @@ def bicgstab(
     Raises:
       ValueError: for invalid arguments (named in the message).
     """
-    z0 = _check_args(f, z0, max_steps, tol, stop_mode, batch_ndim)
+    z0 = _check_args(f, z0, max_steps, tol, stop_mode, atol, batch_ndim)
     _check_positive(chunk, "chunk")
     iters = _chunk_iters(chunk, 2, 1, max_steps)
 
@@ -349,6 +360,7 @@ def bicgstab(
         max_steps=max_steps,
         tol=tol,
         stop_mode=stop_mode,
+        atol=atol,
         batch_ndim=batch_ndim,
         needs_transpose=False,
     )
@@ -361,6 +373,7 @@ def normal_cg(
     max_steps: int = 100,
     tol: float = 1e-4,
     stop_mode: str = "rel",
+    atol: float | None = None,
     chunk: int = 50,
     batch_ndim: int = 0,
 ) -> base.Solution:
@@ -379,7 +392,8 @@ def normal_cg(
       max_steps: budget of evaluations of ``f`` or of its transpose (each chunk costs
         ``2 chunk + 4``).
       tol: stop when the residual (by ``stop_mode``) is ``<= tol``.
-      stop_mode: ``"abs"`` or ``"rel"``.
+      stop_mode: ``"abs"``, ``"rel"`` or ``"mixed"``.
+      atol: the absolute part of ``"mixed"`` (``None``: ``tol``).
       chunk: CG iterations between two residual checks.
       batch_ndim: leading axes that index independent problems.
 
@@ -389,7 +403,7 @@ def normal_cg(
     Raises:
       ValueError: for invalid arguments (named in the message).
     """
-    z0 = _check_args(f, z0, max_steps, tol, stop_mode, batch_ndim)
+    z0 = _check_args(f, z0, max_steps, tol, stop_mode, atol, batch_ndim)
     _check_positive(chunk, "chunk")
     iters = _chunk_iters(chunk, 2, 3, max_steps)
 
@@ -410,6 +424,7 @@ def normal_cg(
         max_steps=max_steps,
         tol=tol,
         stop_mode=stop_mode,
+        atol=atol,
         batch_ndim=batch_ndim,
         needs_transpose=True,
     )
