@@ -7,8 +7,20 @@ Design note (read this before writing a cell)
 the DEQ passes ``is_training`` when the cell's signature accepts that keyword) built from Haiku
 modules: a module instance (``dq.nn.MLPCell(...)``) or a function that creates modules. ``z`` is any
 pytree of float arrays (the multiscale cell uses a tuple of per-resolution arrays) and the cell
-returns the same structure. **Cells are always written for batched arrays** ``[B, ...]``: in
-per-example mode (the default) the DEQ ``vmap``s over the batch and the cell sees batches of size 1.
+returns the same structure. **Cells are always written for batched arrays** ``[B, ...]`` and must
+treat the examples of a batch independently (no statistics across the batch).
+
+**Batching modes** (``per_example=``). ``True`` (default): *batch-native per-example stopping* —
+the cell sees the WHOLE batch at every solver step and the solver is called with ``batch_ndim=1``,
+so one loop runs for the batch while each example converges on its own and reports its own
+``num_steps``/``status``/residuals (the ``Solution``'s fields are ``[B]``, ``trace`` ``[B,
+max_steps]``); the implicit backward solves every example's adjoint in one batched loop. A solver
+that does not take the ``batch_ndim`` keyword (a user's own ``(f, z0) -> Solution``) falls back to
+``"vmap"``, which gives the same results. ``"vmap"``: ``jax.vmap`` of a single-problem solve over
+the leading axis, the cell seeing batches of size 1 — the reference semantics, kept for such
+solvers and for cells that are not batch-independent; it is slower (every example runs every loop
+step, and batch-1 cell evaluations waste convolution/attention throughput). ``False``: one solve
+for the whole batch, one stopping test (on the norm over the whole batch), scalar statistics.
 
 **Parameters.** Inside ``DEQ`` the cell becomes a pure ``apply(params, ctx, rng, x, z)`` with
 ``hk.transform_with_state``; its parameters are created with ``hk.lift`` (``allow_reuse=True``)
@@ -33,12 +45,16 @@ discarded and XLA removes everything in it except what ``ctx`` needs. ``compute`
 ``z`` (the value would be frozen at ``z0``). Haiku state of the cell's own (``hk.get_state`` outside
 ``per_forward``, e.g. batch-norm statistics) is not supported.
 
-**Randomness.** ``DEQ`` draws one key per forward pass (``hk.maybe_next_rng_key()``; per example
-in per-example mode) and passes the SAME key to every cell evaluation of that forward pass
-(through ``fixed_point``'s ``x``, not a closure): any ``hk.next_rng_key()`` draw in the cell is
-therefore identical across solver iterations and the backward pass, and fresh on the next forward.
-``VariationalDropout`` additionally draws its mask inside ``per_forward`` (sampled once, not
-re-sampled per step). With no rng (``apply(params, None, x)``) cells must not draw.
+**Randomness.** ``DEQ`` draws one key per forward pass (``hk.maybe_next_rng_key()``; in
+``"vmap"`` mode it is split into one key per example) and passes the SAME key to every cell
+evaluation of that forward pass (through ``fixed_point``'s ``x``, not a closure): any
+``hk.next_rng_key()`` draw in the cell is therefore identical across solver iterations and the
+backward pass, and fresh on the next forward. ``VariationalDropout`` additionally draws its mask
+inside ``per_forward`` (sampled once, not re-sampled per step). Masks stay per example in every
+mode: a draw shaped like the batched activation ``[B, ...]`` gives every example its own
+independent rows (only a draw broadcast over the batch axis — ``broadcast_axes`` containing 0 —
+would be shared by the batch outside ``"vmap"`` mode; no cell of deqjax does that). With no rng
+(``apply(params, None, x)``) cells must not draw.
 
 **Initial state.** ``z0`` given to ``__call__`` (e.g. the previous segment's equilibrium) wins;
 otherwise the constructor's ``init_state(x)``; otherwise ``cell.initial_state(x)`` if the cell
@@ -55,7 +71,9 @@ is used when ``is_training=False`` (the papers solve with fewer steps or looser 
 inference).
 
 **Jacobian regularisation (JR paper Eq. 4).** ``DEQ.solve(...)`` (= ``deq(..., full_output=True)``)
-returns a :class:`DEQOutput` ``(z_star, solution, cell_fn, jacobian_frobenius_sq)``. ``cell_fn``
+returns a :class:`DEQOutput` ``(z_star, solution, cell_fn, jacobian_frobenius_sq, f_star)``.
+``f_star`` is ``f(z*)`` as the solver already evaluated it (``Solution.f_value``; no extra cell
+evaluation), for readouts such as MDEQ's that read the cell output at the equilibrium. ``cell_fn``
 is ``z ↦ f_θ(z; x)`` of this very forward pass (same parameters, masks, key; batched like
 ``z_star``) for external regularisers, e.g.
 ``dq.jacobian.frobenius_sq(out.cell_fn, stop_gradient(out.z_star), key)`` under a Bernoulli gate;
@@ -67,6 +85,7 @@ w.r.t. the cell parameters (as in the JR reference code, no gradient flows throu
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 from typing import Any, Callable, NamedTuple
@@ -160,12 +179,19 @@ class DEQOutput(NamedTuple):
       jacobian_frobenius_sq: Hutchinson estimate of ``‖J_f(z*)‖²_F / d`` at ``stop_gradient(z*)``
         (JR paper, Eq. 3–4; the batch mean of per-example values), differentiable in the cell
         parameters; ``None`` unless ``jacobian_samples > 0``.
+      f_star: ``f(z*)``, the cell output at the returned equilibrium as the solver evaluated it
+        (``solution.f_value``, no extra cell evaluation). Its value is ``f(z*)``; its gradient is
+        that of ``z_star`` (``z* + stop_gradient(f(z*) - z*)``): at a fixed point
+        ``d f(z*) = d z*`` (DEQ paper Theorem 1), so the two readouts differ only by the
+        solver's residual. Use ``cell_fn(z_star)`` to differentiate an extra application
+        instead. At ``init`` without ``solve_at_init`` it equals ``z_star``.
     """
 
     z_star: PyTree
     solution: base.Solution
     cell_fn: Callable[[PyTree], PyTree]
     jacobian_frobenius_sq: jax.Array | None
+    f_star: PyTree = None
 
 
 def _unsolved(shapes: base.Solution, value: PyTree) -> base.Solution:
@@ -178,6 +204,7 @@ def _unsolved(shapes: base.Solution, value: PyTree) -> base.Solution:
         rel_residual=full(shapes.rel_residual, jnp.inf),
         trace=full(shapes.trace, jnp.inf),
         status=full(shapes.status, base.MAX_STEPS),
+        f_value=value,
     )
 
 
@@ -202,19 +229,33 @@ def _batch_size(tree_: PyTree, name: str) -> int:
     return sizes.pop()
 
 
+_NATIVE, _VMAP, _WHOLE = "native", "vmap", "whole_batch"
+
+
+def _mode_of(per_example: bool | str, solver: base.SolverFn) -> str:
+    """The batching mode a solve runs in: ``per_example=True`` is batch-native when ``solver``
+    takes ``batch_ndim`` and falls back to ``"vmap"`` (same results) when it does not."""
+    if per_example is False:
+        return _WHOLE
+    if per_example == _VMAP:
+        return _VMAP
+    return _NATIVE if base.accepts_batch_ndim(solver) else _VMAP
+
+
 @contextlib.contextmanager
-def _naming_user_shapes(x: PyTree, z0: PyTree, per_example: bool):
+def _naming_user_shapes(x: PyTree, z0: PyTree, mode: str):
     """Re-raises a cell's shape error with the shapes the user passed (not the internal ones)."""
     try:
         yield
     except (ValueError, TypeError) as e:
         shapes = lambda t: [tuple(jnp.shape(a)) for a in jax.tree_util.tree_leaves(t)]  # noqa: E731
-        how = (
-            "per-example mode takes the leading axis as the batch and calls the cell on one "
-            "example at a time, with a batch axis of 1"
-            if per_example
-            else "the cell is called on x and z0 as given"
-        )
+        how = {
+            _NATIVE: "per-example mode takes the leading axis as the batch and calls the cell on "
+            "the whole batch",
+            _VMAP: "vmap mode takes the leading axis as the batch and calls the cell on one "
+            "example at a time, with a batch axis of 1",
+            _WHOLE: "the cell is called on x and z0 as given",
+        }[mode]
         raise (TypeError if isinstance(e, TypeError) else ValueError)(
             f"dq.nn.DEQ failed on the input x of shape {shapes(x)} with z0 of shape "
             f"{shapes(z0)} ({how}). If the shapes are the problem: x and z0 need a leading batch "
@@ -250,9 +291,12 @@ class DEQ(hk.Module):
         ``functools.partial(dq.solvers.anderson, max_steps=30, tol=1e-3)``.
       adjoint: gradient strategy (``None``: ``dq.ImplicitAdjoint()``).
       eval_solver: solver used when ``is_training=False`` (``None``: ``solver``).
-      per_example: ``True`` (default): ``vmap`` over the leading batch axis of ``x`` and ``z0`` so
-        each example converges on its own (the cell sees batches of size 1); ``False``: one
-        solve for the whole batch (one stopping test for all examples).
+      per_example: ``True`` (default): batch-native per-example stopping — the cell sees the
+        whole batch, the solver gets ``batch_ndim=1`` and each example (leading axis of ``x``
+        and ``z0``) converges on its own with its own statistics; a solver without the
+        ``batch_ndim`` keyword falls back to ``"vmap"``. ``"vmap"``: ``jax.vmap`` of a
+        single-problem solve (the cell sees batches of size 1; same results, slower).
+        ``False``: one solve for the whole batch (one stopping test for all examples).
       init_state: ``x -> z0`` used when ``__call__`` gets no ``z0``; ``None``: the cell's
         ``initial_state(x)`` method if it has one, else ``zeros_like(x)``.
       solve_at_init: run the solve during ``init`` too. Default ``False``: ``init`` creates the
@@ -280,7 +324,7 @@ class DEQ(hk.Module):
         solver: base.SolverFn = anderson_lib.anderson,
         adjoint: adjoints.Adjoint | None = None,
         eval_solver: base.SolverFn | None = None,
-        per_example: bool = True,
+        per_example: bool | str = True,
         init_state: Callable[[PyTree], PyTree] | None = None,
         solve_at_init: bool = False,
         name: str | None = None,
@@ -298,8 +342,8 @@ class DEQ(hk.Module):
             raise ValueError(f"adjoint must be a deqjax adjoint object, got {adjoint!r}.")
         if init_state is not None and not callable(init_state):
             raise ValueError(f"init_state must be callable or None, got {init_state!r}.")
-        if not isinstance(per_example, bool):
-            raise ValueError(f"per_example must be a bool, got {per_example!r}.")
+        if not (isinstance(per_example, bool) or per_example == _VMAP):
+            raise ValueError(f'per_example must be True, False or "vmap", got {per_example!r}.')
         self.cell = cell
         self.solver = solver
         self.eval_solver = solver if eval_solver is None else eval_solver
@@ -361,6 +405,9 @@ class DEQ(hk.Module):
             z0 = self.initial_state(x)
         tree.check_float_tree(z0, "z0")
         solver = self.solver if is_training else self.eval_solver
+        mode = _mode_of(self.per_example, solver)
+        if mode == _NATIVE:  # one loop for the batch, each example stopping on its own
+            solver = functools.partial(solver, batch_ndim=1)
         adjoint = self.adjoint
         cell = self.cell
         pass_is_training = self._pass_is_training
@@ -388,7 +435,7 @@ class DEQ(hk.Module):
                 z_new, _ = inner.apply(params, ctx, key, x_, z_)
             return z_new
 
-        def solve_batch(params, x_, z0_, key):  # arrays with a batch axis (of 1 per example)
+        def solve_batch(params, x_, z0_, key):  # arrays with a batch axis (of 1 in vmap mode)
             ctx = prepare(params, key, x_, z0_)
             return fixed_point_lib.fixed_point(
                 step,
@@ -403,23 +450,26 @@ class DEQ(hk.Module):
         def apply_cell(params, x_, z_, key):  # one f evaluation, context recomputed
             return step((params, prepare(params, key, x_, z_)), (x_, key), z_)
 
-        if self.per_example:
+        if mode != _WHOLE:
             batch = _batch_size((x, z0), "x and z0")
+        if mode == _VMAP:
             x_init, z_init = _take_first(x), _take_first(z0)
         else:
             x_init, z_init = x, z0
         init_key = hk.next_rng_key() if hk.running_init() else None
-        with _naming_user_shapes(x, z0, self.per_example):
+        with _naming_user_shapes(x, z0, mode):
             params = hk.lift(init_params, allow_reuse=True)(init_key, x_init, z_init)
         key = hk.maybe_next_rng_key()
 
-        if self.per_example:
+        if mode == _VMAP:
             keys = None if key is None else jax.random.split(key, batch)
             key_axis = None if key is None else 0
 
             def solve_one(params, x_i, z0_i, key_i):
                 z_i, sol_i = solve_batch(params, _add_batch(x_i), _add_batch(z0_i), key_i)
-                return _drop_batch(z_i), sol_i._replace(value=_drop_batch(sol_i.value))
+                return _drop_batch(z_i), sol_i._replace(
+                    value=_drop_batch(sol_i.value), f_value=_drop_batch(sol_i.f_value)
+                )
 
             def run_solve(params, x, z0, keys):
                 return jax.vmap(solve_one, in_axes=(None, 0, 0, key_axis))(params, x, z0, keys)
@@ -430,13 +480,15 @@ class DEQ(hk.Module):
             def bound_cell(z):
                 return jax.vmap(cell_one, in_axes=(0, 0, key_axis))(x, z, keys)
         else:
+            # Batch-native or whole-batch: the whole batch in the cell and one key for the forward
+            # pass (the cell's draws shaped [B, ...] give each example its own rows).
             keys = key
             run_solve = solve_batch
 
             def bound_cell(z):
                 return apply_cell(params, x, z, key)
 
-        with _naming_user_shapes(x, z0, self.per_example):
+        with _naming_user_shapes(x, z0, mode):
             if hk.running_init() and not self.solve_at_init:
                 # Skip the solve (compiling it for init would double the compile time): z* :=
                 # f(z0), a Solution of the right structure with no steps taken.
@@ -456,7 +508,10 @@ class DEQ(hk.Module):
                 num_samples=jacobian_samples,
             )
         if full_output:
-            return DEQOutput(z_star, sol, bound_cell, jac)
+            f_star = jax.tree_util.tree_map(
+                lambda z, fz: z + jax.lax.stop_gradient(fz - z), z_star, sol.f_value
+            )
+            return DEQOutput(z_star, sol, bound_cell, jac, f_star)
         return z_star, sol
 
     def solve(
