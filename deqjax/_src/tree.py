@@ -56,7 +56,7 @@ def _per_problem(a: jax.typing.ArrayLike, leaf: jax.Array, batch_ndim: int) -> j
     """``a`` (shape ``[*batch]``, one value per problem) cast to ``leaf``'s dtype and reshaped to
     broadcast against ``leaf`` (shape ``[*batch, ...]``); a scalar for ``batch_ndim=0``."""
     a = jnp.asarray(a, leaf.dtype)
-    if batch_ndim == 0:
+    if batch_ndim == 0 or a.ndim == 0:
         return a
     return a.reshape(a.shape + (1,) * (leaf.ndim - batch_ndim))
 
@@ -152,7 +152,8 @@ def tree_set_row(stack: PyTree, i: jax.typing.ArrayLike, x: PyTree, batch_ndim: 
 
     def set_row(s, leaf):
         rows = jnp.arange(s.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * i.ndim)
-        hit = (rows == i).reshape((s.shape[0],) + i.shape + (1,) * (leaf.ndim - i.ndim))
+        hit = rows == i.reshape((1,) + i.shape)  # [m, *i.shape]
+        hit = hit.reshape(hit.shape + (1,) * (leaf.ndim - i.ndim))
         return jnp.where(hit, leaf[None], s)
 
     return jax.tree_util.tree_map(set_row, stack, x)
