@@ -5,7 +5,8 @@ Every strategy returns the forward solver's fixed point unchanged; only the grad
 * :class:`ImplicitAdjoint` — the exact implicit-function-theorem gradient (DEQ paper, Thm. 1).
 * :class:`PhantomAdjoint` — differentiate a few damped steps from ``z*`` (Geng et al. 2021).
 * :class:`OneStepAdjoint` — Jacobian-free backprop: differentiate one ``f`` at ``z*`` (Fung et al.).
-* :class:`UnrolledAdjoint` — backprop through every solver step (reference, O(steps) memory).
+* :class:`UnrolledAdjoint` — backprop through every solver step (baseline, O(steps) memory; what
+  is differentiated depends on the solver, see its docstring).
 """
 
 from __future__ import annotations
@@ -217,11 +218,28 @@ class OneStepAdjoint(Adjoint):
 
 @dataclasses.dataclass(frozen=True)
 class UnrolledAdjoint(Adjoint):
-    """Backprop through every step of the forward solver (the reference; O(steps) memory).
+    """Backprop through every step of the forward solver (a baseline; O(steps) memory).
 
     Runs the solver on the scan-based loop (``loop="scan"``), so the library's solvers, including
     ``functools.partial`` objects of them, work; a solver without a ``loop`` keyword is refused.
-    Gradients also flow to ``z0``.
+    Gradients also flow to ``z0``. What is differentiated, per solver:
+
+    * :func:`~deqjax.solvers.fixed_point_iteration`: every damped step
+      ``z ← (1 − damping) z + damping f(z)`` exactly — the derivative of the returned iterate,
+      which tends to the implicit gradient as the (contractive) iteration converges.
+    * :func:`~deqjax.solvers.anderson`: every evaluation of ``f`` and every mixing step, with the
+      mixing coefficients ``α`` held constant (``stop_gradient``), as the literature's "unrolled"
+      baselines do. Differentiating through the relative ridge and the tiny least-squares solve
+      for ``α`` amplifies rounding by up to ``1/lam`` and gave unusable gradients; with ``α``
+      frozen the result is close to, but not exactly, the implicit gradient (about ``1e-5``
+      relative on a converged problem).
+    * :func:`~deqjax.solvers.broyden`: every evaluation of ``f`` and the low-rank inverse-Jacobian
+      updates and line-search decisions as computed (nothing is frozen); the update's divisions
+      by ``vᵀdg`` can amplify rounding where that product is tiny.
+
+    Only the lowest-residual iterate carries the gradient (the selection itself is not
+    differentiated). Use :class:`ImplicitAdjoint` for the exact gradient at ``z*``; this strategy
+    is for comparisons with truncated backpropagation.
     """
 
     def solve(self, f, solver, params, x, z0, *, backward_stats=None):
