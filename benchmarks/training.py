@@ -17,6 +17,7 @@ Usage (from the repository root)::
 
     python -m benchmarks.training                    # both parts, markdown to stdout
     python -m benchmarks.training --skip_jr --repeats 20
+    python -m benchmarks.training --skip_jr --devices 1 --deq_modes native,vmap,whole_batch
     python -m benchmarks.training --worker OUT.json  # one throughput measurement (internal)
 """
 
@@ -35,12 +36,27 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_ROOT, "experiments"))
 
 
-def measure_throughput(repeats: int, batch_size: int, jr: bool, dataset: str) -> dict:
-    """Times the main job's train step on every local device (run in a fresh process)."""
+DEQ_MODES = {"native": True, "vmap": "vmap", "whole_batch": False}
+
+
+def measure_throughput(
+    repeats: int, batch_size: int, jr: bool, dataset: str, deq_mode: str = "native"
+) -> dict:
+    """Times the main job's train step on every local device (run in a fresh process).
+
+    ``deq_mode`` selects ``dq.nn.DEQ``'s ``per_example`` for this process: ``native`` (the
+    default, batch-native per-example stopping), ``vmap`` (the per-example mode before issue 15:
+    vmap of batch-1 solves) or ``whole_batch`` (one stop for the batch).
+    """
+    import functools
+
     import fashion_mnist as fm
     import jax
 
     from deqjax import data, training
+
+    if deq_mode != "native":  # this worker process only: the main job builds dq.nn.DEQ(...)
+        fm.dqnn.DEQ = functools.partial(fm.dqnn.DEQ, per_example=DEQ_MODES[deq_mode])
 
     argv = ["--dataset", dataset, "--batch_size", str(batch_size)] + ([] if jr else ["--no_jr"])
     args = fm.parse_args(argv)
@@ -72,6 +88,7 @@ def measure_throughput(repeats: int, batch_size: int, jr: bool, dataset: str) ->
     step_s = statistics.median(times)
     return {
         "devices": len(devices),
+        "deq_mode": deq_mode,
         "batch_size": batch_size,
         "jr": jr,
         "data": source,
@@ -85,7 +102,7 @@ def measure_throughput(repeats: int, batch_size: int, jr: bool, dataset: str) ->
     }
 
 
-def run_worker(devices: int, args) -> dict:
+def run_worker(devices: int, args, deq_mode: str = "native") -> dict:
     """Runs :func:`measure_throughput` in a subprocess with ``devices`` fake CPU devices."""
     env = dict(os.environ)
     flags = env.get("XLA_FLAGS", "")
@@ -96,6 +113,7 @@ def run_worker(devices: int, args) -> dict:
         cmd = [sys.executable, "-m", "benchmarks.training", "--worker", out]
         cmd += ["--repeats", str(args.repeats), "--batch_size", str(args.batch_size)]
         cmd += ["--dataset", args.dataset] + ([] if args.jr else ["--no_jr"])
+        cmd += ["--deq_modes", deq_mode]
         subprocess.run(cmd, check=True, env=env, cwd=_ROOT, timeout=1800)
         with open(out) as f:
             return json.load(f)
@@ -155,27 +173,41 @@ def main(argv=None) -> None:
     p.add_argument("--epochs", type=int, default=1, help="epochs of the JR on/off runs")
     p.add_argument("--skip_jr", action="store_true", help="skip the JR on/off runs")
     p.add_argument("--skip_throughput", action="store_true")
+    p.add_argument(
+        "--deq_modes",
+        default="native",
+        help="comma-separated dq.nn.DEQ modes for the throughput table: native (default, "
+        "batch-native per-example), vmap (per-example by vmap, the pre-issue-15 default), "
+        "whole_batch",
+    )
     args = p.parse_args(argv)
     if args.worker:
-        result = measure_throughput(args.repeats, args.batch_size, args.jr, args.dataset)
+        result = measure_throughput(
+            args.repeats, args.batch_size, args.jr, args.dataset, args.deq_modes
+        )
         with open(args.worker, "w") as f:
             json.dump(result, f)
         return
     lines = []
     if not args.skip_throughput:
-        rows = [run_worker(int(n), args) for n in args.devices.split(",")]
+        rows = [
+            run_worker(int(n), args, mode)
+            for mode in args.deq_modes.split(",")
+            for n in args.devices.split(",")
+        ]
         lines += [
             f"Train step of the main job ({rows[0]['data']}; jax {rows[0]['jax']}, "
             f"{rows[0]['platform']}; global batch {args.batch_size}, "
             f"JR {'on' if args.jr else 'off'}; median of {args.repeats} steps after compile).",
             "",
-            "| devices | step (ms, median) | step (ms, min) | examples/s | forward NFE | "
-            "first step incl. compile (s) |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "| DEQ mode | devices | step (ms, median) | step (ms, min) | examples/s | "
+            "forward NFE | first step incl. compile (s) |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         for r in rows:
             lines.append(
-                f"| {r['devices']} | {r['step_ms_median']:.1f} | {r['step_ms_min']:.1f} | "
+                f"| {r['deq_mode']} | {r['devices']} | {r['step_ms_median']:.1f} | "
+                f"{r['step_ms_min']:.1f} | "
                 f"{r['examples_per_s']:.0f} | {r['nfe_mean']:.1f} | "
                 f"{r['first_step_s_incl_compile']:.1f} |"
             )
