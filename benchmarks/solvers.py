@@ -1,10 +1,13 @@
-"""Forward-solver benchmark on a batched tanh DEQ layer (issue 2).
+"""Forward-solver benchmark on a batched tanh DEQ layer (issues 2 and 15).
 
 Problem: ``f(z) = tanh(W z + U x + b)`` with ``z, x`` in ``R^d``, ``W`` a Gaussian matrix rescaled
-to a given spectral radius, a batch of 128 inputs, float32. Each solver is run per example under
-``jax.vmap`` to a relative residual of ``1e-4`` (``stop_mode="rel"``).
+to a given spectral radius, a batch of inputs, float32, solved to a relative residual of ``1e-4``
+(``stop_mode="rel"``) with per-example stopping, in two ways (``--modes``):
 
-Reported per (d, spectral radius, solver):
+* ``native``: one batch-native solve, ``solver(f, z0, batch_ndim=1)`` (issue 15);
+* ``vmap``: ``jax.vmap`` of the single-example solve.
+
+Reported per (d, spectral radius, batch, solver, mode):
 
 * ``NFE mean / max``: evaluations of ``f`` per example (``Solution.num_steps``) over the batch.
 * ``conv``: fraction of the batch with status ``CONVERGED``.
@@ -13,17 +16,19 @@ Reported per (d, spectral radius, solver):
 * ``f time``: time of one batched evaluation of ``f`` *inside a compiled loop* (a ``fori_loop`` of
   ``--f_loop`` evaluations divided by their number), so it carries no dispatch overhead. It is
   timed back to back with each solve (the machine is shared and its load varies).
-* ``overhead = time / (NFE_max * f time)``, the median over repeats of the per-pair ratio.
-  Under ``vmap`` a ``while_loop`` with a batched
-  predicate keeps running the (batched) body until the *slowest* example is done; finished examples
-  are frozen by a select but still pay for the body. So the work of a batched solve is
-  ``NFE_max`` batched evaluations, and that is the denominator. An overhead of 1.0 means the
-  solver's own bookkeeping is free next to ``f``.
+* ``overhead = time / (NFE_max * f time)``, the median over repeats of the per-pair ratio. Both
+  modes run the loop until the slowest example is done, evaluating the whole batch each step, so
+  the work is ``NFE_max`` batched evaluations: an overhead of 1.0 means the solver's own bookkeeping
+  is free next to ``f``.
+* ``fusions``: the number of ``fusion`` instructions in the solver loop's compiled while body
+  (XLA's kernels per step; each also costs a dispatch on CPU), and ``ops``: all non-trivial
+  instructions there.
 
 Usage::
 
-    python benchmarks/solvers.py                      # full grid (d 128/512/2048, radius .5/.9/1.5)
-    python benchmarks/solvers.py --dims 128 --radii 0.9 --repeats 3   # quick check
+    python benchmarks/solvers.py --quick     # reduced grid (d 128/512, batch 128, radius .9)
+    python benchmarks/solvers.py             # full grid: d 128/512/2048, batch 1/32/128
+    python benchmarks/solvers.py --dims 512 --radii 1.5 --batches 128 --solvers broyden
     python benchmarks/solvers.py --out benchmarks/solvers.md
 """
 
@@ -33,6 +38,7 @@ import argparse
 import datetime
 import functools
 import platform
+import re
 import statistics
 import time
 from typing import Callable
@@ -47,7 +53,7 @@ from deqjax import solvers
 DTYPE = jnp.float32
 
 
-def make_problem(d: int, radius: float, batch: int, seed: int):
+def make_problem(d: int, radius: float, batch: int, seed: int):  # noqa: D103
     """``W`` [d, d] with spectral radius ``radius``; the input injection ``U x + b`` [batch, d]."""
     params, x = common.tanh_layer(d, batch, radius, seed, dtype=DTYPE)
     return params["W"], x @ params["U"].T + params["b"]
@@ -58,16 +64,31 @@ def cell(w: jax.Array, inj: jax.Array, z: jax.Array) -> jax.Array:
     return jnp.tanh(w @ z + inj)
 
 
-def solver_table(max_steps: int, memory: int) -> dict[str, Callable]:
+def solver_table(memory: int) -> dict[str, Callable]:
     return {
         "fixed_point_iteration": functools.partial(solvers.fixed_point_iteration),
         "anderson(m=5)": functools.partial(solvers.anderson, m=5),
-        "broyden(memory=None)": functools.partial(solvers.broyden, memory=None),
         f"broyden(memory={memory})": functools.partial(solvers.broyden, memory=memory),
+        "broyden(memory=None)": functools.partial(solvers.broyden, memory=None),
     }
 
 
-def make_batched_solve(solver: Callable, max_steps: int, tol: float):
+def make_batched_solve(solver: Callable, max_steps: int, tol: float, mode: str = "vmap"):
+    """A jitted ``(w, inj) -> Solution`` for the whole batch, batch-native or vmapped."""
+    if mode == "native":
+
+        def solve_native(w, inj):
+            return solver(
+                lambda z: jnp.tanh(z @ w.T + inj),
+                jnp.zeros_like(inj),
+                max_steps=max_steps,
+                tol=tol,
+                stop_mode="rel",
+                batch_ndim=1,
+            )
+
+        return jax.jit(solve_native)
+
     def solve_one(w, inj):
         z0 = jnp.zeros_like(inj)
         return solver(lambda z: cell(w, inj, z), z0, max_steps=max_steps, tol=tol, stop_mode="rel")
@@ -75,11 +96,26 @@ def make_batched_solve(solver: Callable, max_steps: int, tol: float):
     return jax.jit(jax.vmap(solve_one, in_axes=(None, 0)))
 
 
+def loop_body_counts(solve: Callable, *args) -> tuple[int, int]:
+    """(fusions, non-trivial instructions) in the largest while body of the compiled solve."""
+    text = solve.lower(*args).compile().as_text()
+    bodies = set(re.findall(r"body=%?([\w.\-]+)", text))
+    trivial = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "copy"}
+    best = (0, 0)
+    for name in bodies:
+        m = re.search(r"^%?" + re.escape(name) + r" [^\n]*\{\n(.*?)^\}", text, re.M | re.S)
+        if not m:
+            continue
+        ops = re.findall(r"= \S+ ([\w\-]+)\(", m.group(1))
+        counts = (sum(op == "fusion" for op in ops), sum(op not in trivial for op in ops))
+        best = max(best, counts, key=lambda c: c[1])
+    return best
+
+
 def make_f_loop(n: int):
     def run(w, inj):
         z0 = jnp.zeros_like(inj)
-        batched = jax.vmap(cell, in_axes=(None, 0, 0))
-        return jax.lax.fori_loop(0, n, lambda _, z: batched(w, inj, z), z0)
+        return jax.lax.fori_loop(0, n, lambda _, z: jnp.tanh(z @ w.T + inj), z0)
 
     return jax.jit(run)
 
@@ -108,54 +144,65 @@ def paired_times(solve: Callable, f_loop: Callable, n_f: int, *args, repeats: in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dims", type=int, nargs="+", default=[128, 512, 2048])
-    parser.add_argument("--radii", type=float, nargs="+", default=[0.5, 0.9, 1.5])
-    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--radii", type=float, nargs="+", default=[0.9])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument("--modes", nargs="+", default=["native", "vmap"])
     parser.add_argument("--max_steps", type=int, default=50)
     parser.add_argument("--tol", type=float, default=1e-4)
     parser.add_argument("--memory", type=int, default=10, help="limited Broyden memory")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--f_loop", type=int, default=20, help="evaluations timed for f time")
-    parser.add_argument("--solvers", nargs="+", default=None, help="subset of solver names")
+    parser.add_argument(
+        "--solvers",
+        nargs="+",
+        default=["fixed_point_iteration", "anderson(m=5)", "broyden(memory=10)"],
+        help="solver names (prefixes such as 'broyden' match every variant)",
+    )
+    parser.add_argument("--quick", action="store_true", help="d 128/512, batch 128, 3 repeats")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=str, default=None, help="write the markdown table here")
     args = parser.parse_args()
+    if args.quick:
+        args.dims, args.batches, args.repeats = [128, 512], [128], 3
 
-    table = solver_table(args.max_steps, args.memory)
-    if args.solvers:
-        table = {
-            k: v for k, v in table.items() if k.split("(")[0] in args.solvers or k in args.solvers
-        }
+    table = {
+        k: v
+        for k, v in solver_table(args.memory).items()
+        if any(k == name or k.split("(")[0] == name for name in args.solvers)
+    }
     header = (
-        "| d | radius | solver | NFE mean | NFE max | conv | rel res (median) | time (ms) "
-        "| f time (ms) | overhead |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| d | radius | batch | solver | mode | NFE mean | NFE max | conv | time (ms) "
+        "| f time (ms) | overhead | fusions | ops |\n" + "|---" * 13 + "|"
     )
     rows = []
     print(header, flush=True)
     for d in args.dims:
         for radius in args.radii:
-            w, inj = make_problem(d, radius, args.batch, args.seed)
-            f_loop = make_f_loop(args.f_loop)
-            for name, solver in table.items():
-                solve = make_batched_solve(solver, args.max_steps, args.tol)
-                sol = jax.block_until_ready(solve(w, inj))
-                t, t_f, ratios = paired_times(
-                    solve, f_loop, args.f_loop, w, inj, repeats=args.repeats
-                )
-                nfe = np.asarray(sol.num_steps)
-                conv = float(np.mean(np.asarray(sol.status) == solvers.CONVERGED))
-                res = float(np.median(np.asarray(sol.rel_residual)))
-                overhead = statistics.median(ratios) / nfe.max()
-                row = (
-                    f"| {d} | {radius:g} | {name} | {nfe.mean():.1f} | {nfe.max()} | {conv:.2f} "
-                    f"| {res:.1e} | {1e3 * t:.2f} | {1e3 * t_f:.3f} | {overhead:.2f} |"
-                )
-                rows.append(row)
-                print(row, flush=True)
+            for batch in args.batches:
+                w, inj = make_problem(d, radius, batch, args.seed)
+                f_loop = make_f_loop(args.f_loop)
+                for name, solver in table.items():
+                    for mode in args.modes:
+                        solve = make_batched_solve(solver, args.max_steps, args.tol, mode)
+                        sol = jax.block_until_ready(solve(w, inj))
+                        fusions, ops = loop_body_counts(solve, w, inj)
+                        t, t_f, ratios = paired_times(
+                            solve, f_loop, args.f_loop, w, inj, repeats=args.repeats
+                        )
+                        nfe = np.asarray(sol.num_steps)
+                        conv = float(np.mean(np.asarray(sol.status) == solvers.CONVERGED))
+                        overhead = statistics.median(ratios) / nfe.max()
+                        row = (
+                            f"| {d} | {radius:g} | {batch} | {name} | {mode} | {nfe.mean():.1f} "
+                            f"| {nfe.max()} | {conv:.2f} | {1e3 * t:.2f} | {1e3 * t_f:.3f} "
+                            f"| {overhead:.2f} | {fusions} | {ops} |"
+                        )
+                        rows.append(row)
+                        print(row, flush=True)
     meta = (
         f"\n{datetime.date.today().isoformat()}, jax {jax.__version__}, "
         f"backend {jax.default_backend()}, {platform.processor() or platform.machine()}, "
-        f"batch {args.batch}, float32, max_steps {args.max_steps}, tol {args.tol:g} (rel), "
-        f"repeats {args.repeats}"
+        f"float32, max_steps {args.max_steps}, tol {args.tol:g} (rel), repeats {args.repeats}"
     )
     print(meta)
     if args.out:

@@ -133,9 +133,19 @@ def tree_all_finite(x: PyTree) -> jax.Array:
 # --- stacked histories: leaves with a leading memory axis [m, ...] --------------------------------
 
 
-def tree_stack_zeros(x: PyTree, m: int) -> PyTree:
-    """A history buffer: zeros of shape ``[m, *leaf.shape]`` for every leaf of ``x``."""
-    return jax.tree_util.tree_map(lambda leaf: jnp.zeros((m, *leaf.shape), leaf.dtype), x)
+def tree_stack_zeros(x: PyTree, m: int, batch_ndim: int = 0) -> PyTree:
+    """A history buffer of ``m`` rows like ``x``, zeros.
+
+    Layout: ``[m, *leaf.shape]`` for ``batch_ndim = 0``; ``[*batch, m, *rest]`` (the row axis right
+    after the batch axes) for ``batch_ndim > 0``, so each problem's rows are contiguous and the
+    row products below are plain batched matrix-vector products without transposes.
+    """
+
+    def zeros(leaf):
+        bn = batch_ndim
+        return jnp.zeros((*leaf.shape[:bn], m, *leaf.shape[bn:]), leaf.dtype)
+
+    return jax.tree_util.tree_map(zeros, x)
 
 
 def tree_set_row(stack: PyTree, i: jax.typing.ArrayLike, x: PyTree, batch_ndim: int = 0) -> PyTree:
@@ -149,17 +159,23 @@ def tree_set_row(stack: PyTree, i: jax.typing.ArrayLike, x: PyTree, batch_ndim: 
     ``B=128, m=50, d=512``). With a shared (unbatched) row index use :func:`tree_put_row`.
     """
     i = jnp.asarray(i, jnp.int32)
+    bn = batch_ndim
 
     def set_row(s, leaf):
-        rows = jnp.arange(s.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * i.ndim)
-        hit = rows == i.reshape((1,) + i.shape)  # [m, *i.shape]
-        hit = hit.reshape(hit.shape + (1,) * (leaf.ndim - i.ndim))
-        return jnp.where(hit, leaf[None], s)
+        m = s.shape[bn]
+        rows = jnp.arange(m, dtype=jnp.int32)
+        if bn == 0:
+            hit = (rows == i).reshape((m,) + (1,) * leaf.ndim)
+            return jnp.where(hit, leaf[None], s)
+        i_b = jnp.broadcast_to(i, leaf.shape[:bn])
+        hit = rows.reshape((1,) * bn + (m,)) == i_b[..., None]  # [*batch, m]
+        hit = hit.reshape(hit.shape + (1,) * (leaf.ndim - bn))
+        return jnp.where(hit, jnp.expand_dims(leaf, bn), s)
 
     return jax.tree_util.tree_map(set_row, stack, x)
 
 
-def tree_put_row(stack: PyTree, i: jax.Array, x: PyTree) -> PyTree:
+def tree_put_row(stack: PyTree, i: jax.Array, x: PyTree, batch_ndim: int = 0) -> PyTree:
     """Writes ``x`` into row ``i`` (a shared int scalar in ``[0, m)``) of ``stack``, in place.
 
     One ``dynamic_update_slice`` per leaf: touches only the row written (batch-native solvers,
@@ -167,7 +183,9 @@ def tree_put_row(stack: PyTree, i: jax.Array, x: PyTree) -> PyTree:
     """
     i = jnp.asarray(i, jnp.int32)
     return jax.tree_util.tree_map(
-        lambda s, leaf: jax.lax.dynamic_update_index_in_dim(s, leaf.astype(s.dtype), i, 0), stack, x
+        lambda s, leaf: jax.lax.dynamic_update_index_in_dim(s, leaf.astype(s.dtype), i, batch_ndim),
+        stack,
+        x,
     )
 
 
@@ -186,11 +204,12 @@ def tree_rows_vdot(stack: PyTree, x: PyTree, batch_ndim: int = 0) -> jax.Array:
         return sum(jax.tree_util.tree_leaves(parts))
 
     def rows(s, leaf):
-        # An elementwise product and a reduction over each problem's entries: one fused pass over
-        # the buffer (a batched dot_general per problem is much slower on CPU).
-        prod = s.astype(dtype) * leaf.astype(dtype)[None]
-        out = jnp.sum(prod, axis=tuple(range(1 + batch_ndim, prod.ndim)))  # [m, *batch]
-        return jnp.moveaxis(out, 0, -1)
+        batch, m = leaf.shape[:batch_ndim], s.shape[batch_ndim]
+        n_b = int(np.prod(batch))
+        flat_s = s.reshape(n_b, m, -1).astype(dtype)
+        flat_x = leaf.reshape(n_b, -1).astype(dtype)
+        # One batched matrix-vector product per problem on the batch-major buffer.
+        return jnp.einsum("bmd,bd->bm", flat_s, flat_x).reshape(batch + (m,))
 
     leaves = jax.tree_util.tree_leaves(jax.tree_util.tree_map(rows, stack, x))
     return sum(leaves[1:], leaves[0])
@@ -207,8 +226,11 @@ def tree_combine_rows(coeffs: jax.Array, stack: PyTree, batch_ndim: int = 0) -> 
         )
 
     def combine(s):
-        c = jnp.moveaxis(coeffs.astype(s.dtype), -1, 0)  # [m, *batch]
-        c = c.reshape(c.shape + (1,) * (s.ndim - 1 - batch_ndim))
-        return jnp.sum(c * s, axis=0)
+        batch, m = s.shape[:batch_ndim], s.shape[batch_ndim]
+        n_b = int(np.prod(batch))
+        flat_s = s.reshape(n_b, m, -1)
+        flat_c = coeffs.astype(s.dtype).reshape(n_b, m)
+        out = jnp.einsum("bm,bmd->bd", flat_c, flat_s)
+        return out.reshape(batch + s.shape[batch_ndim + 1 :])
 
     return jax.tree_util.tree_map(combine, stack)

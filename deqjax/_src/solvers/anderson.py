@@ -97,10 +97,17 @@ def anderson(
 
     def propose(aux, k, x, fx, gx):
         del fx
-        # ps[i] = x_i + beta * G_i (the rows that are mixed), gs[i] = G_i: [m, *batch, ...] each.
+        # ps[i] = x_i + beta * G_i (the rows that are mixed), gs[i] = G_i: [m, ...] each
+        # ([*batch, m, ...] under batch_ndim, see tree.tree_stack_zeros).
         # gram: [*batch, m, m]. The slot k % m is shared by every problem (k is the shared step
         # counter, and a running problem has made exactly k steps).
-        ps, gs, gram = aux
+        ps, gs, gram, pending = aux
+        if bn > 0:
+            # Under batch_ndim > 0 the previous step's rows are written FIRST, at its shared slot,
+            # so the carried buffers' only user is an in-place dynamic_update_slice and every read
+            # below sees the updated buffer: XLA then needs no copy of the buffers per step.
+            ps = tree.tree_put_row(ps, (k - 1) % m, pending[0], bn)
+            gs = tree.tree_put_row(gs, (k - 1) % m, pending[1], bn)
         slot = k % m
         hit = (ids == slot).reshape(lead + (m,))  # the row the new iterate replaces
         p = tree.tree_axpy(beta, gx, x)
@@ -135,15 +142,15 @@ def anderson(
         if bn == 0:
             ps = tree.tree_set_row(ps, slot, p)
             gs = tree.tree_set_row(gs, slot, gx)
-        else:  # the shared slot: one dynamic_update_slice per buffer, no select over it
-            ps = tree.tree_put_row(ps, slot, p)
-            gs = tree.tree_put_row(gs, slot, gx)
-        return mixed, (ps, gs, gram)
+        else:  # written at the start of the next step (see above)
+            pending = (p, gx)
+        return mixed, (ps, gs, gram, pending)
 
     aux0 = (
-        tree.tree_stack_zeros(z0, m),
-        tree.tree_stack_zeros(z0, m),
+        tree.tree_stack_zeros(z0, m, batch_ndim),
+        tree.tree_stack_zeros(z0, m, batch_ndim),
         jnp.zeros(batch_shape + (m, m), rdtype),
+        (tree.tree_zeros_like(z0), tree.tree_zeros_like(z0)) if batch_ndim else (),
     )
     return base.solve(
         f,

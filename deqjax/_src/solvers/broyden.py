@@ -19,14 +19,15 @@ _MAX_BACKTRACKS = 5
 
 
 class _BroydenState(NamedTuple):
-    us: PyTree  # [memory, *batch, ...] columns u_i of the low-rank part of the inverse Jacobian
-    vs: PyTree  # [memory, *batch, ...] rows v_i^T
+    us: PyTree  # [memory, ...] ([*batch, memory, ...]) columns u_i of the low-rank inverse part
+    vs: PyTree  # like us: rows v_i^T
     num_updates: jax.Array  # int32 [*batch]: updates made (line search: the row is this % memory)
     x_base: PyTree  # the last accepted iterate
     g_base: PyTree  # g(x_base)
     direction: PyTree  # the quasi-Newton step -J^{-1} g(x_base) from x_base
     step: jax.Array  # [*batch]: line-search step size s of the iterate being evaluated
     backtracks: jax.Array  # int32 [*batch]: halvings made along the current direction
+    pending: Any  # batch_ndim > 0, no line search: (u, v) of the last update, written next step
 
 
 # memory=None (or a memory above 2 blocks) on a while/python loop: the low-rank products read the
@@ -49,7 +50,7 @@ def _lowrank(
 
     def block(i, acc):
         start = i * _BLOCK
-        rows = lambda s: jax.lax.dynamic_slice_in_dim(s, start, _BLOCK, 0)  # noqa: E731
+        rows = lambda s: jax.lax.dynamic_slice_in_dim(s, start, _BLOCK, bn)  # noqa: E731
         a_blk = jax.tree_util.tree_map(rows, a_stack)
         b_blk = jax.tree_util.tree_map(rows, b_stack)
         v_blk = jax.lax.dynamic_slice_in_dim(valid, start, _BLOCK, valid.ndim - 1)
@@ -112,7 +113,7 @@ def broyden(
       loop: ``"while"`` (default), ``"scan"`` (reverse-differentiable) or ``"python"`` (debugging).
       atol: absolute tolerance of ``stop_mode="mixed"`` (``None``: equal to ``tol``).
       batch_ndim: leading axes of ``z0``'s leaves that index independent problems; the low-rank
-        inverse updates are batched (one ``[memory, *batch, ...]`` buffer per factor).
+        inverse updates are batched (one ``[*batch, memory, ...]`` buffer per factor).
 
     Returns:
       A :class:`~deqjax.solvers.Solution`; its value is the lowest-residual iterate.
@@ -173,6 +174,15 @@ def broyden(
         else:
             # Every step after the first is an accepted step: the position (k - 1) % mem is shared.
             pos = jnp.maximum(k - 1, 0) % mem
+            if bn > 0:
+                # The previous update's rows are written FIRST (at its shared position), so the
+                # carried buffers' only user is an in-place dynamic_update_slice and the reads
+                # below see the updated buffers: XLA then copies no buffer per step.
+                prev = jnp.maximum(k - 2, 0) % mem
+                s = s._replace(
+                    us=tree.tree_put_row(s.us, prev, s.pending[0], bn),
+                    vs=tree.tree_put_row(s.vs, prev, s.pending[1], bn),
+                )
             restart = (pos == 0) & (k > 1)
             valid = (ids < pos).reshape(lead + (rows,))
             n_rows = pos if blocked else None
@@ -201,9 +211,8 @@ def broyden(
             us = tree.tree_set_row(s.us, pos, u)
             vs = tree.tree_set_row(s.vs, pos, v)
             num_updates = s.num_updates + ok.astype(jnp.int32)
-        else:  # the shared row: one dynamic_update_slice per buffer, no select over it
-            us = tree.tree_put_row(s.us, pos, u)
-            vs = tree.tree_put_row(s.vs, pos, v)
+        else:  # the shared row, written at the start of the next step (see above)
+            us, vs = s.us, s.vs
             num_updates = s.num_updates + ok.astype(jnp.int32)
         # New direction -J_new^{-1} g with J_new^{-1} g = J^{-1} g + u (v^T g).
         direction = tree.tree_scale(
@@ -219,6 +228,7 @@ def broyden(
             direction=direction,
             step=ones,
             backtracks=jnp.zeros(batch_shape, jnp.int32),
+            pending=(u, v) if bn > 0 and not line_search else (),
         )
         if not line_search:
             return tree.tree_add(x, direction), accepted
@@ -235,19 +245,25 @@ def broyden(
             direction=pick(direction, s.direction),
             step=jnp.where(accept, ones, half),
             backtracks=jnp.where(accept, 0, s.backtracks + 1).astype(jnp.int32),
+            pending=(),
         )
         next_x = pick(tree.tree_add(x, direction), tree.tree_axpy(half, s.direction, s.x_base, bn))
         return next_x, new_state
 
     state0 = _BroydenState(
-        us=tree.tree_stack_zeros(z0, rows),
-        vs=tree.tree_stack_zeros(z0, rows),
+        us=tree.tree_stack_zeros(z0, rows, batch_ndim),
+        vs=tree.tree_stack_zeros(z0, rows, batch_ndim),
         num_updates=jnp.zeros(batch_shape, jnp.int32),
         x_base=tree.tree_zeros_like(z0),
         g_base=tree.tree_zeros_like(z0),
         direction=tree.tree_zeros_like(z0),
         step=jnp.ones(batch_shape, rdtype),
         backtracks=jnp.zeros(batch_shape, jnp.int32),
+        pending=(
+            (tree.tree_zeros_like(z0), tree.tree_zeros_like(z0))
+            if batch_ndim and not line_search
+            else ()
+        ),
     )
     return base.solve(
         f,
