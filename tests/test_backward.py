@@ -6,6 +6,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.test_util import check_grads
 
@@ -427,3 +428,36 @@ def test_krylov_mixed_stop_mode_and_inherited_fallback_tolerance():
     )
     fb = dq.ImplicitAdjoint(solver=bwd).backward_config(FWD).fallback
     assert fb.keywords == {"tol": 1e-9, "stop_mode": "mixed", "atol": 1e-11, "max_steps": 100}
+
+
+def test_train_step_logs_backward_stats():
+    from deqjax import training
+
+    p, _ = flip_problem(seed=8)
+    xs = jnp.asarray(np.random.default_rng(9).normal(size=(4, D)))
+    adjoint = dq.ImplicitAdjoint(solver=SHORT_FPI)
+
+    def loss_fn(params, batch, key, reg_state, step, probe):
+        def one(x):
+            z, _ = dq.fixed_point(
+                tanh_cell,
+                params,
+                x,
+                jnp.zeros(D),
+                solver=FWD,
+                adjoint=adjoint,
+                backward_stats=probe,
+            )
+            return loss_of_z(z)
+
+        return jnp.mean(jax.vmap(one)(batch)), {}
+
+    opt = optax.sgd(1e-3)
+    devices = jax.local_devices()[:1]
+    step_fn = training.make_train_step(loss_fn, opt, backward_stats=True, devices=devices)
+    state = training.replicate(training.create_train_state(p, opt, jax.random.PRNGKey(0)), devices)
+    _, metrics = step_fn(state, training.shard(xs, devices))
+    m = training.unreplicate(metrics)
+    assert {"bwd_steps", "bwd_rel_residual", "bwd_failure_rate", "bwd_fallback_rate"} <= set(m)
+    assert float(m["bwd_fallback_rate"]) > 0.0 and float(m["bwd_failure_rate"]) == 0.0
+    assert float(m["bwd_steps"]) > 30 and float(m["bwd_rel_residual"]) < 1e-9
