@@ -76,11 +76,13 @@ def run(args: argparse.Namespace) -> dict:
     results, traces = {}, {}
     for name, solver in tqdm(solver_suite(args.memory).items(), desc="solvers"):
 
-        def solve_one(inj_i, solver=solver):
-            f = lambda z: jnp.tanh(w @ z + inj_i)  # noqa: E731
-            return solver(f, jnp.zeros_like(inj_i), max_steps=args.max_steps, tol=args.tol)
+        def solve_batch(inj, solver=solver):  # batch-native: each example stops on its own
+            f = lambda z: jnp.tanh(z @ w.T + inj)  # noqa: E731
+            return solver(
+                f, jnp.zeros_like(inj), max_steps=args.max_steps, tol=args.tol, batch_ndim=1
+            )
 
-        solve = jax.jit(jax.vmap(solve_one))
+        solve = jax.jit(solve_batch)
         sol = jax.block_until_ready(solve(inj))  # compile + first run
         times = []
         for _ in range(args.repeats):

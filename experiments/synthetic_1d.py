@@ -138,9 +138,12 @@ def slope(params, x, z):
 
 
 def solve_batch(params, xs, solver):
-    """Per-example solves of ``z = f(z; x)`` from ``z = 0`` (no gradient); a batched Solution."""
+    """Per-example solves of ``z = f(z; x)`` from ``z = 0`` (no gradient); a batched Solution.
+
+    Batch-native (``batch_ndim=1``): one loop for the batch, each example stopping on its own.
+    """
     params = jax.lax.stop_gradient(params)
-    return jax.vmap(lambda x: solver(lambda z: cell(params, x, z), jnp.zeros((), F32)))(xs)
+    return solver(lambda z: batch_cell(params, xs, z), jnp.zeros(xs.shape, F32), batch_ndim=1)
 
 
 # --- training ------------------------------------------------------------------------------------
@@ -189,11 +192,14 @@ def make_epoch_fn(cfg: Config, optimizer: optax.GradientTransformation):
     adjoint = dq.ImplicitAdjoint(solver=bwd)
 
     def loss_fn(params, xb, yb, key, gamma):
-        z, sol = jax.vmap(
-            lambda x: dq.fixed_point(
-                cell, params, x, jnp.zeros((), F32), solver=fwd, adjoint=adjoint
-            )
-        )(xb)
+        z, sol = dq.fixed_point(  # batch-native: each example stops on its own
+            batch_cell,
+            params,
+            xb,
+            jnp.zeros(xb.shape, F32),
+            solver=functools.partial(fwd, batch_ndim=1),
+            adjoint=adjoint,
+        )
         mse = jnp.mean((z - yb) ** 2)
         jr, jr_metrics = regularizer.penalty(
             lambda zz: batch_cell(params, xb, zz), z, key, gamma=gamma
