@@ -13,40 +13,53 @@ import jax.numpy as jnp
 import deqjax as dq
 from benchmarks.common import tanh_layer
 
-d, b = 512, 128
-p, x = tanh_layer(d, b, radius=1.0)
+D, B = 512, 128
+STEPS = 50
 
 
 def batch_cell(p, x, z):
+    """The whole batch: z, x of shape [B, d]."""
     return jnp.tanh(z @ p["W"].T + x @ p["U"].T + p["b"])
 
 
 def one_cell(p, x, z):
+    """One example: z, x of shape [d]."""
     return jnp.tanh(p["W"] @ z + p["U"] @ x + p["b"])
 
 
-def make(bn):
-    s = functools.partial(dq.solvers.anderson, tol=1e-4, max_steps=50, batch_ndim=bn)
-    return lambda p: jnp.sum(dq.fixed_point(batch_cell, p, x, jnp.zeros_like(x), solver=s)[0] ** 2)
+def losses(x):
+    """The three losses whose gradient is compiled: batch-native, whole-batch, vmap."""
+
+    def batch(batch_ndim):
+        s = functools.partial(dq.solvers.anderson, tol=1e-4, max_steps=STEPS, batch_ndim=batch_ndim)
+        return lambda p: jnp.sum(
+            dq.fixed_point(batch_cell, p, x, jnp.zeros_like(x), solver=s)[0] ** 2
+        )
+
+    def vmapped(p):
+        s = functools.partial(dq.solvers.anderson, tol=1e-4, max_steps=STEPS)
+
+        def one(xi):
+            return jnp.sum(dq.fixed_point(one_cell, p, xi, jnp.zeros_like(xi), solver=s)[0] ** 2)
+
+        return jnp.sum(jax.vmap(one)(x))
+
+    return {
+        "batch-native (batch_ndim=1)": batch(1),
+        "whole-batch (one problem)": batch(0),
+        "vmap per-example": vmapped,
+    }
 
 
-def vm(p):
-    s = functools.partial(dq.solvers.anderson, tol=1e-4, max_steps=50)
-    return jnp.sum(
-        jax.vmap(
-            lambda xi: jnp.sum(
-                dq.fixed_point(one_cell, p, xi, jnp.zeros_like(xi), solver=s)[0] ** 2
-            )
-        )(x)
-    )
+def main() -> str:
+    p, x = tanh_layer(D, B, radius=1.0)
+    lines = ["| forward + implicit backward | XLA temp memory (MiB) |", "| --- | ---: |"]
+    for name, fn in losses(x).items():
+        compiled = jax.jit(jax.grad(fn)).lower(p).compile()
+        lines.append(f"| {name} | {compiled.memory_analysis().temp_size_in_bytes / 2**20:.1f} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
 
 
-print("| forward + implicit backward | XLA temp memory (MiB) |")
-print("| --- | ---: |")
-for name, fn in (
-    ("batch-native (batch_ndim=1)", make(1)),
-    ("whole-batch (one problem)", make(0)),
-    ("vmap per-example", vm),
-):
-    m = jax.jit(jax.grad(fn)).lower(p).compile().memory_analysis().temp_size_in_bytes / 2**20
-    print(f"| {name} | {m:.1f} |", flush=True)
+if __name__ == "__main__":
+    main()
