@@ -6,7 +6,7 @@ For each of the 1797 scikit-learn ``load_digits`` images ``x`` (8x8, scaled to [
 
 with ``W`` a Haar-random orthogonal matrix times ``--radius`` (every eigenvalue has modulus
 ``radius``; near 1 and above, plain iteration struggles) and ``U``, ``b`` Gaussian. Each example is
-solved on its own (``jax.vmap`` of the solver), so its step count and status are its own.
+solved on its own (one batch-native solve, ``batch_ndim=1``): its step count and status are its own.
 
 Outputs in ``--out_dir``: ``config.json``, ``results.json``, ``table.md`` and ``convergence.png``
 (median and inter-quartile range over examples of the relative residual after each evaluation of
