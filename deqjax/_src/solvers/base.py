@@ -256,17 +256,29 @@ def check_common_args(
 
 class _Carry(NamedTuple):
     k: jax.Array  # int32 []: loop iterations done, shared by every problem
-    num_steps: jax.Array  # int32 [*batch]: evaluations of f counted for each problem
     x: PyTree  # the next iterate to evaluate
     aux: Any  # the proposal rule's state
     best_x: PyTree  # best iterate so far (see the module docstring)
     best_fx: PyTree  # f(best_x)
-    best_abs: jax.Array  # [*batch]: its absolute residual
-    best_rel: jax.Array  # [*batch]: its relative residual
-    best_res: jax.Array  # [*batch]: its residual by stop_mode (what "best" ranks by)
-    min_abs: jax.Array  # [*batch]: lowest absolute residual seen (divergence reference)
+    # The per-problem scalars are packed into two arrays so that a step updates each in one
+    # fused kernel (fewer kernels per step is what matters at small d, where the loop's own
+    # per-kernel cost dominates):
+    stats: jax.Array  # [*batch, 4]: best's abs, rel and stop_mode residual; lowest abs seen
+    counts: jax.Array  # int32 [*batch, 2]: status, num_steps
     trace: jax.Array  # [*batch, max_steps]
-    status: jax.Array  # int32 [*batch]
+
+
+_BEST_ABS, _BEST_REL, _BEST_RES, _MIN_ABS = range(4)
+
+
+def _squared_norms(trees: list[PyTree], batch_ndim: int, dtype: jnp.dtype) -> jax.Array:
+    """``[||t||^2 for t in trees]`` per problem, ``[len(trees), *batch]``, in one reduction."""
+    total = None
+    for leaves in zip(*(jax.tree_util.tree_leaves(t) for t in trees)):
+        stacked = jnp.stack([leaf.astype(dtype) for leaf in leaves])
+        part = jnp.sum(stacked * stacked, axis=tuple(range(1 + batch_ndim, stacked.ndim)))
+        total = part if total is None else total + part
+    return total
 
 
 # propose(aux, k, x, fx, gx) -> (next_x, aux); gx = fx - x is passed so rules need not recompute it.
@@ -302,21 +314,23 @@ def solve(
     scale_floor = (tol if atol is None else atol) / tol if stop_mode == "mixed" else 0.0
 
     def cond_fun(c: _Carry) -> jax.Array:
-        return jnp.any(c.status == _RUNNING)
+        return jnp.any(c.counts[..., 0] == _RUNNING)
 
     def body_fun(c: _Carry) -> _Carry:
-        running = c.status == _RUNNING  # [*batch]: problems this step belongs to
+        status_in, num_steps = c.counts[..., 0], c.counts[..., 1]
+        best_res, min_abs = c.stats[..., _BEST_RES], c.stats[..., _MIN_ABS]
+        running = status_in == _RUNNING  # [*batch]: problems this step belongs to
         fx = f(c.x)
         gx = tree.tree_sub(fx, c.x)
         # Residuals steer the loop but are not differentiated (sqrt has no derivative at 0).
-        abs_res = jax.lax.stop_gradient(tree.tree_norm(gx, batch_ndim))
-        fx_norm = jax.lax.stop_gradient(tree.tree_norm(fx, batch_ndim))
+        trees = [gx, fx, c.x] if stop_mode == "mixed" else [gx, fx]
+        norms = jnp.sqrt(jax.lax.stop_gradient(_squared_norms(trees, batch_ndim, rdtype)))
+        abs_res, fx_norm = norms[0], norms[1]
         rel_res = abs_res / (fx_norm + jnp.asarray(_REL_EPS, rdtype))
         if stop_mode == "rel":
             res = rel_res
         elif stop_mode == "mixed":
-            x_norm = jax.lax.stop_gradient(tree.tree_norm(c.x, batch_ndim))
-            res = abs_res / (jnp.asarray(scale_floor, rdtype) + x_norm)
+            res = abs_res / (jnp.asarray(scale_floor, rdtype) + norms[2])
         else:
             res = abs_res
         # A NaN or inf entry of f(x) propagates into ||f(x)||, so checking the two norms replaces a
@@ -327,10 +341,10 @@ def solve(
         # "Best" ranks by stop_mode, but only among iterates whose ABSOLUTE residual is within
         # _BEST_ABS_SLACK of the lowest seen: a geometrically growing sequence has a shrinking
         # relative residual and must not win. A converged iterate is always taken.
-        eligible = finite & (abs_res <= _BEST_ABS_SLACK * c.min_abs) & (res < c.best_res)
+        eligible = finite & (abs_res <= _BEST_ABS_SLACK * min_abs) & (res < best_res)
         improved = running & (converged | eligible)
         # Divergence is judged on the absolute residual in every stop_mode.
-        diverged = abs_res > divergence_factor * c.min_abs
+        diverged = abs_res > divergence_factor * min_abs
         status = jnp.where(
             converged,
             CONVERGED,
@@ -344,7 +358,7 @@ def solve(
                 ),
             ),
         ).astype(jnp.int32)
-        status = jnp.where(running, status, c.status)
+        status = jnp.where(running, status, status_in)
         next_x, aux = propose(c.aux, c.k, c.x, fx, gx)
         # Per-problem freezing touches only what this step writes: the iterate, the best iterate
         # (only where improved), the per-problem scalars and one trace column. The rule's history
@@ -359,44 +373,44 @@ def solve(
         else:
             trace = jax.lax.dynamic_update_index_in_dim(c.trace, column, c.k, batch_ndim)
         # f(best_x) is recorded at the first evaluation whatever it is, so f_value = f(value).
-        take_fx = improved | (running & (c.num_steps == 0))
+        take_fx = improved | (running & (num_steps == 0))
+        new_min = jnp.where(running & finite, jnp.minimum(min_abs, abs_res), min_abs)
+        stats = jnp.where(
+            improved[..., None],
+            jnp.stack([abs_res, rel_res, res, new_min], axis=-1),
+            jnp.concatenate([c.stats[..., :3], new_min[..., None]], axis=-1),
+        )
+        counts = jnp.stack([status, num_steps + running.astype(jnp.int32)], axis=-1)
         return _Carry(
             k=c.k + 1,
-            num_steps=c.num_steps + running.astype(jnp.int32),
             x=tree.tree_where(still, next_x, c.x, batch_ndim),
             aux=aux,
             best_x=tree.tree_where(improved, c.x, c.best_x, batch_ndim),
             best_fx=tree.tree_where(take_fx, fx, c.best_fx, batch_ndim),
-            best_abs=jnp.where(improved, abs_res, c.best_abs),
-            best_rel=jnp.where(improved, rel_res, c.best_rel),
-            best_res=jnp.where(improved, res, c.best_res),
-            min_abs=jnp.where(running & finite, jnp.minimum(c.min_abs, abs_res), c.min_abs),
+            stats=stats,
+            counts=counts,
             trace=trace,
-            status=status,
         )
 
-    per_problem_inf = jnp.full(batch_shape, jnp.inf, rdtype)
     init = _Carry(
         k=jnp.zeros((), jnp.int32),
-        num_steps=jnp.zeros(batch_shape, jnp.int32),
         x=z0,
         aux=aux0,
         best_x=z0,
         best_fx=z0,
-        best_abs=per_problem_inf,
-        best_rel=per_problem_inf,
-        best_res=per_problem_inf,
-        min_abs=per_problem_inf,
+        stats=jnp.full(batch_shape + (4,), jnp.inf, rdtype),
+        counts=jnp.stack(
+            [jnp.full(batch_shape, _RUNNING, jnp.int32), jnp.zeros(batch_shape, jnp.int32)], -1
+        ),
         trace=jnp.full(batch_shape + (max_steps,), jnp.inf, rdtype),
-        status=jnp.full(batch_shape, _RUNNING, jnp.int32),
     )
     c = loop_lib.bounded_while_loop(cond_fun, body_fun, init, max_steps=max_steps, loop=loop)
     return Solution(
         value=c.best_x,
-        num_steps=c.num_steps,
-        abs_residual=c.best_abs,
-        rel_residual=c.best_rel,
+        num_steps=c.counts[..., 1],
+        abs_residual=c.stats[..., _BEST_ABS],
+        rel_residual=c.stats[..., _BEST_REL],
         trace=c.trace,
-        status=c.status,
+        status=c.counts[..., 0],
         f_value=c.best_fx,
     )
