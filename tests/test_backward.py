@@ -229,6 +229,7 @@ def test_krylov_solution_statistics(name):
     r = h(sol.value) - sol.value
     np.testing.assert_allclose(sol.abs_residual, jnp.linalg.norm(r), rtol=1e-6)
     assert float(sol.rel_residual) <= 1e-10
+    np.testing.assert_allclose(sol.f_value, h(sol.value), rtol=1e-12)  # f at the returned iterate
     assert sol.trace.shape == (600,) and bool(jnp.isinf(sol.trace[int(sol.num_steps) :]).all())
     # A budget too small: MAX_STEPS with its best (finite) iterate, never worse than the start.
     short = KRYLOV[name](h, g, tol=1e-14, max_steps=8, stop_mode="abs")

@@ -63,6 +63,7 @@ class _Carry(NamedTuple):
     u: PyTree  # current iterate (start of the next chunk)
     scale: jax.Array  # [*batch]: the residual's denominator (1, ||f(u)|| or atol/tol + ||u||)
     best_u: PyTree
+    best_fu: PyTree  # f(best_u), kept so that f_value costs no extra evaluation
     best_abs: jax.Array  # [*batch]
     best_rel: jax.Array  # [*batch]
     best_res: jax.Array  # [*batch]: by stop_mode
@@ -92,7 +93,7 @@ def _check_args(
 
 
 def _make_solution(**fields: Any) -> base.Solution:
-    """A :class:`Solution` from ``fields``; fills ``f_value`` if this version's Solution has it."""
+    """A :class:`Solution` from ``fields`` (those this version's Solution has)."""
     names = base.Solution._fields
     return base.Solution(**{name: fields[name] for name in names})
 
@@ -170,6 +171,7 @@ def _krylov_solve(
         u=z0,
         scale=scale0,
         best_u=z0,
+        best_fu=fz0,
         best_abs=jnp.where(finite0, abs0, inf),
         best_rel=jnp.where(finite0, rel0, inf),
         best_res=jnp.where(finite0, res0, inf),
@@ -210,6 +212,7 @@ def _krylov_solve(
             u=tree.tree_where(finite, u, c.best_u, batch_ndim),
             scale=jnp.where(finite, scale, c.scale),
             best_u=tree.tree_where(improved, u, c.best_u, batch_ndim),
+            best_fu=tree.tree_where(improved, fu, c.best_fu, batch_ndim),
             best_abs=jnp.where(improved, abs_res, c.best_abs),
             best_rel=jnp.where(improved, rel_res, c.best_rel),
             best_res=jnp.where(improved, res, c.best_res),
@@ -220,7 +223,6 @@ def _krylov_solve(
     c = jax.lax.while_loop(cond_fun, body_fun, init)
     num_steps = jnp.broadcast_to(c.k, batch_shape).astype(jnp.int32)
     # f at the returned iterate, for Solutions that carry it (one more evaluation, not charged).
-    f_value = f(c.best_u) if "f_value" in base.Solution._fields else None
     return _make_solution(
         value=c.best_u,
         num_steps=num_steps,
@@ -228,7 +230,7 @@ def _krylov_solve(
         rel_residual=c.best_rel,
         trace=c.trace,
         status=c.status,
-        f_value=f_value,
+        f_value=c.best_fu,
     )
 
 
