@@ -84,7 +84,12 @@ def fixed_point(
     The forward pass runs ``solver`` on ``z ↦ f(params, x, z)`` from ``z0``; the backward pass is
     chosen by ``adjoint`` (default :class:`~deqjax.ImplicitAdjoint`: the implicit function theorem,
     DEQ paper Theorem 1, with a VJP-only backward solve, Eq. 11). Works under ``jit``, ``grad``,
-    ``vmap`` (per-example forward and backward solves), ``lax.scan`` and ``pmap``.
+    ``vmap`` (per-example forward and backward solves), ``lax.scan`` and ``pmap``. With a
+    batch-native solver (``functools.partial(dq.solvers.anderson, batch_ndim=1)`` and an ``f``
+    that maps the whole batch) the implicit backward is batch-native too: the adjoints of all
+    examples are solved in one batched loop with per-example stopping (the forward Solution's
+    ``status.ndim`` is passed as ``batch_ndim`` to the backward solver) and the parameter VJP is
+    taken once for the batch, with no per-example parameter cotangents.
 
     Args:
       f: the cell ``f(params, x, z) -> z``, positional; every array it depends on must be passed
