@@ -95,7 +95,9 @@ class ImplicitAdjoint(Adjoint):
     1. ``solver`` from ``u0 = g`` (default: the forward solver, same kind and settings);
     2. if that did not reach ``CONVERGED`` (hit its step cap, diverged, went non-finite):
        ``fallback``, warm-started from the first solve's best iterate, and its result is used
-       (under ``lax.cond``: no cost when the first solve converged). The default ``"gmres"`` is
+       (under ``lax.cond``: no cost when the first solve converged; under ``jax.vmap`` the cond
+       becomes a select, so the fallback's setup, two VJPs, runs for every example and its
+       iterations only while some example needs them). The default ``"gmres"`` is
        :func:`deqjax.solvers.gmres` with the first solver's ``tol`` and ``stop_mode`` and
        ``max(max_steps, 100)`` VJPs: a Krylov method converges whenever ``I − Jᵀ`` is
        nonsingular, including where fixed-point iteration cannot (an eigenvalue of ``J`` near
