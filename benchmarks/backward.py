@@ -8,7 +8,9 @@ tol 1e-10 rel, so every option differentiates the same z*):
 * ``standard``: the shared layer of ``benchmarks.common.tanh_layer`` with ρ(W) = 1;
 * ``hard``: ρ(W) = 1.5 (issue 15's hard case), so ρ(J_f(z*)) is closer to 1;
 * ``flip``: W symmetric with eigenvalues uniform in [−1.02, 0.5] and a small input (U x scaled by
-  0.1), so J_f(z*) has an eigenvalue near −1 (the d = 512 analogue of z = cos z + π/2).
+  0.1), so J_f(z*) has an eigenvalue near −1 (the d = 512 analogue of z = cos z + π/2);
+* ``near+1``: the same with eigenvalues in [−0.5, 1.02]: J_f(z*) has an eigenvalue just below +1,
+  so I − J is nearly singular (not run by default: ``--problems near+1``).
 
 For every backward option the loss ``Σ_i c_i · z*_i`` (random fixed c) is differentiated with
 ``dq.ImplicitAdjoint(solver=option, fallback=None)`` (the raw option), plus the default
@@ -51,6 +53,8 @@ def problems(d: int, batch: int) -> dict[str, tuple[dict, jax.Array]]:
     eig = np.linspace(-1.02, 0.5, d)
     p, x = tanh_layer(d, batch, radius=1.0, seed=2, dtype=f64)
     out["flip"] = ({**p, "W": jnp.asarray((q * eig) @ q.T), "U": 0.1 * p["U"]}, x)
+    eig = np.linspace(-0.5, 1.02, d)
+    out["near+1"] = ({**p, "W": jnp.asarray((q * eig) @ q.T), "U": 0.1 * p["U"]}, x)
     return out
 
 

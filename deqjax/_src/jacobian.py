@@ -5,8 +5,9 @@
 * :func:`spectral_radius` — a power-method monitor of ``ρ(J_f(z))`` (the JR paper's Fig. 7), which
   also reports the modulus of a dominant complex-conjugate pair.
 * :func:`backward_convergence` — runs the backward (adjoint) solve of Eq. 2 outside autodiff and
-  returns its :class:`~deqjax.solvers.Solution` (the "backward convergence" curves of Fig. 3b/10a).
-  Gradients cannot carry solver statistics out of a VJP; this is how a training loop logs them.
+  returns its :class:`~deqjax.solvers.Solution` (the "backward convergence" curves of Fig. 3b/10a,
+  with the trace). Inside a training step the backward that actually ran reports its summed
+  statistics through the :class:`~deqjax.BackwardStats` gradient channel instead.
 
 All three take the map ``z ↦ f(z)`` at fixed parameters as a closure (e.g. ``lambda z: cell(params,
 x, z)``); ``z`` may be any pytree of float arrays and ``d`` is always its total number of entries.
