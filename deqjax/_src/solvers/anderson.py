@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg
 
 from deqjax._src import tree
 from deqjax._src.solvers import base
@@ -127,7 +128,10 @@ def anderson(
         # Normalised system; unused slots get an identity row and a zero right-hand side.
         h = jnp.where(both, gram / scale[..., None, None] + lam * eye, eye)  # eye: lead + (m, m)
         rhs = jnp.broadcast_to(valid.astype(rdtype), batch_shape + (m,))
-        y = jnp.linalg.solve(h, rhs[..., None])[..., 0]  # [*batch, m]
+        # h is symmetric positive definite (a Gram matrix plus a ridge, identity rows on unused
+        # slots): a Cholesky solve, which needs no pivoting (LU's row permutation is a small loop
+        # of its own in every step on CPU).
+        y = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(h), rhs[..., None])[..., 0]
         # The mixing coefficients carry no gradient: backprop through the ridge-regularised
         # least-squares solve amplifies rounding errors without bound as lam -> 0 (UnrolledAdjoint
         # then differentiates the iteration with alpha frozen, which still has z* as its fixed
