@@ -1,5 +1,6 @@
 """Pytree arithmetic: values against numpy, mixed dtypes under strict promotion, history buffers."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -55,3 +56,36 @@ def test_check_float_tree():
     with pytest.raises(ValueError, match="state"):
         tree.check_float_tree((), "state")
     assert tree.tree_size(mixed()[0]) == 11
+
+
+def test_batched_helpers_equal_per_problem_loops():
+    """batch_ndim versions of vdot/norm/scale/where and the batch-major history buffers."""
+    rng = np.random.default_rng(0)
+    x = {
+        "a": jnp.asarray(rng.normal(size=(2, 3, 4)), jnp.float32),
+        "b": jnp.asarray(rng.normal(size=(2, 3))),
+    }
+    y = jax.tree_util.tree_map(lambda a: a + 1, x)
+    v = tree.tree_vdot(x, y, 1)
+    assert v.shape == (2,) and v.dtype == jnp.float64
+    for i in range(2):
+        xi = jax.tree_util.tree_map(lambda a, i=i: a[i], x)
+        yi = jax.tree_util.tree_map(lambda a, i=i: a[i], y)
+        np.testing.assert_allclose(v[i], tree.tree_vdot(xi, yi), rtol=1e-6)
+    np.testing.assert_allclose(tree.tree_norm(x, 1) ** 2, tree.tree_vdot(x, x, 1), rtol=1e-6)
+    scaled = tree.tree_scale(jnp.asarray([2.0, -1.0]), x, 1)
+    np.testing.assert_allclose(scaled["a"][1], -np.asarray(x["a"][1]))
+    picked = tree.tree_where(jnp.asarray([True, False]), x, y, 1)
+    np.testing.assert_allclose(picked["b"], np.stack([x["b"][0], y["b"][1]]))
+    stack = tree.tree_stack_zeros(x, 3, 1)
+    assert stack["a"].shape == (2, 3, 3, 4) and stack["b"].shape == (2, 3, 3)
+    stack = tree.tree_put_row(stack, jnp.asarray(2), x, 1)  # shared row
+    stack = tree.tree_set_row(stack, jnp.asarray([0, -1]), y, 1)  # per-problem rows; -1: none
+    rows = tree.tree_rows_vdot(stack, x, 1)
+    assert rows.shape == (2, 3)
+    np.testing.assert_allclose(rows[:, 2], tree.tree_vdot(x, x, 1), rtol=1e-6)
+    np.testing.assert_allclose(rows[0, 0], tree.tree_vdot(y, x, 1)[0], rtol=1e-6)
+    np.testing.assert_allclose(rows[1, :2], 0.0)
+    comb = tree.tree_combine_rows(jnp.asarray([[0.0, 0.0, 2.0], [1.0, 0.0, 0.0]]), stack, 1)
+    np.testing.assert_allclose(comb["a"][0], 2 * np.asarray(x["a"][0]), rtol=1e-6)
+    np.testing.assert_allclose(comb["a"][1], 0.0)
