@@ -52,6 +52,7 @@ import deqjax as dq
 from benchmarks.common import machine, tanh_layer, time_fn
 
 SOLVERS = ("anderson", "broyden", "fixed_point")
+_TORCH_DEFAULT_THREADS = None  # torch's own thread count, read before the first change
 # The float64 recheck of a float32 solver's residual: 1 % slack for rounding.
 _SLACK = 1.01
 
@@ -147,9 +148,16 @@ def measure_jax(loss: Callable, params, x, repeats: int, tol: float) -> dict[str
     }
 
 
-def measure_torchdeq(name: str, params, x, max_steps: int, tol: float, repeats: int):
+def measure_torchdeq(
+    name: str, params, x, max_steps: int, tol: float, repeats: int, threads: int = 0
+) -> dict[str, Any]:
     import torch
     from torchdeq import get_deq
+
+    global _TORCH_DEFAULT_THREADS
+    if _TORCH_DEFAULT_THREADS is None:
+        _TORCH_DEFAULT_THREADS = torch.get_num_threads()
+    torch.set_num_threads(threads or _TORCH_DEFAULT_THREADS)
 
     solver = {"anderson": "anderson", "broyden": "broyden", "fixed_point": "fixed_point_iter"}[name]
     tp = {k: torch.tensor(np.asarray(v), requires_grad=True) for k, v in params.items()}
@@ -208,6 +216,18 @@ def measure_torchdeq(name: str, params, x, max_steps: int, tol: float, repeats: 
     }
 
 
+def f_eval_ms(params, x, repeats: int) -> tuple[float, float]:
+    """Median ms of one batched f evaluation and of one VJP of f in (params, x) (the backward's
+    unit of work), to read the rows' time as (NFE x this) + loop overhead."""
+    z = jnp.zeros_like(x)
+    f = jax.jit(batch_cell)
+    vjp = jax.jit(lambda p, xx, zz: jax.vjp(batch_cell, p, xx, zz)[1](zz))
+    reps = max(repeats, 20)
+    return 1e3 * time_fn(f, params, x, z, repeats=reps), 1e3 * time_fn(
+        vjp, params, x, z, repeats=reps
+    )
+
+
 def run_table(args, radius: float) -> list[tuple[str, dict]]:
     params, x = tanh_layer(args.d, args.batch, radius, seed=0)
     rows = []
@@ -236,16 +256,18 @@ def run_table(args, radius: float) -> list[tuple[str, dict]]:
     if "torchdeq" in args.rows:
         torch_solvers = [s for s in args.solvers if s != "fixed_point" or args.torch_fixed_point]
         for solver in torch_solvers:
-            add(
-                f"TorchDEQ {solver}",
-                measure_torchdeq,
-                solver,
-                params,
-                x,
-                args.max_steps,
-                args.tol,
-                args.repeats,
-            )
+            for threads in args.torch_threads:
+                add(
+                    f"TorchDEQ {solver} ({threads or 'default'} torch threads)",
+                    measure_torchdeq,
+                    solver,
+                    params,
+                    x,
+                    args.max_steps,
+                    args.tol,
+                    args.repeats,
+                    threads,
+                )
     return rows
 
 
@@ -287,6 +309,14 @@ def main(argv=None) -> None:
         action="store_true",
         help="also run TorchDEQ's fixed_point_iter (off by default: not asked for)",
     )
+    p.add_argument(
+        "--torch_threads",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="torch.set_num_threads for the TorchDEQ rows, one row each (0: torch's default). "
+        "On a loaded machine torch's spinning OpenMP threads are 5-10x slower than 1 thread.",
+    )
     p.add_argument("--smoke", action="store_true", help="d=32, batch 8, 1 repeat: a quick check")
     args = p.parse_args(argv)
     if args.smoke:
@@ -294,9 +324,11 @@ def main(argv=None) -> None:
     print(f"Machine: {machine()}\n")
     for radius in args.radius:
         rows = run_table(args, radius)
+        f_ms, vjp_ms = f_eval_ms(*tanh_layer(args.d, args.batch, radius, seed=0), args.repeats)
         print(
             f"ρ(W) = {radius}, d = {args.d}, batch {args.batch}, tol {args.tol} (relative), "
-            f"max {args.max_steps} steps, median of {args.repeats}:\n"
+            f"max {args.max_steps} steps, median of {args.repeats}; one batched f evaluation "
+            f"{f_ms:.2f} ms, one VJP of f in (params, x, z) {vjp_ms:.2f} ms (jit, XLA):\n"
         )
         print("\n".join(markdown(rows, args.batch)) + "\n")
 
