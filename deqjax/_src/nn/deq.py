@@ -180,11 +180,14 @@ class DEQOutput(NamedTuple):
         (JR paper, Eq. 3–4; the batch mean of per-example values), differentiable in the cell
         parameters; ``None`` unless ``jacobian_samples > 0``.
       f_star: ``f(z*)``, the cell output at the returned equilibrium as the solver evaluated it
-        (``solution.f_value``, no extra cell evaluation). Its value is ``f(z*)``; its gradient is
-        that of ``z_star`` (``z* + stop_gradient(f(z*) - z*)``): at a fixed point
-        ``d f(z*) = d z*`` (DEQ paper Theorem 1), so the two readouts differ only by the
-        solver's residual. Use ``cell_fn(z_star)`` to differentiate an extra application
-        instead. At ``init`` without ``solve_at_init`` it equals ``z_star``.
+        (``solution.f_value``, no extra cell evaluation; ``None`` when the solver returns no
+        ``f_value``). Its value is ``f(z*)``; its gradient is that of ``z_star``
+        (``z* + stop_gradient(f(z*) - z*)``). With the implicit adjoint this equals the gradient
+        of the readout ``cell_fn(z_star)`` up to the backward solve's tolerance: ``∂f/∂θ +
+        J (I - J)⁻¹ ∂f/∂θ = (I - J)⁻¹ ∂f/∂θ`` (DEQ paper Theorem 1), at the cost of no extra
+        cell application forward or backward. With other adjoints use ``cell_fn(z_star)`` to
+        differentiate an explicit extra application. At ``init`` without ``solve_at_init`` it
+        equals ``z_star``.
     """
 
     z_star: PyTree
@@ -508,9 +511,11 @@ class DEQ(hk.Module):
                 num_samples=jacobian_samples,
             )
         if full_output:
-            f_star = jax.tree_util.tree_map(
-                lambda z, fz: z + jax.lax.stop_gradient(fz - z), z_star, sol.f_value
-            )
+            f_star = None  # a user solver may return no f_value
+            if sol.f_value is not None:
+                f_star = jax.tree_util.tree_map(
+                    lambda z, fz: z + jax.lax.stop_gradient(fz - z), z_star, sol.f_value
+                )
             return DEQOutput(z_star, sol, bound_cell, jac, f_star)
         return z_star, sol
 
