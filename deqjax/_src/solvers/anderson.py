@@ -56,7 +56,8 @@ def anderson(
       m: history size (``>= 1``; ``m = 1`` is damped fixed-point iteration).
       beta: mixing parameter (``> 0``; 1 is undamped, above 1 over-relaxes).
       lam: relative Tikhonov ridge (``>= 0``).
-      divergence_factor: stop with ``DIVERGED`` when the residual exceeds this multiple of the best.
+      divergence_factor: stop with ``DIVERGED`` when the absolute residual exceeds this multiple
+        of the lowest absolute residual seen (in every ``stop_mode``).
       loop: ``"while"`` (default), ``"scan"`` (reverse-differentiable) or ``"python"`` (debugging).
       atol: absolute tolerance of ``stop_mode="mixed"`` (``None``: equal to ``tol``).
       batch_ndim: leading axes of ``z0``'s leaves that index independent problems; the Gram
@@ -64,7 +65,9 @@ def anderson(
         (the shared step counter mod ``m``) is written with one ``dynamic_update_slice``.
 
     Returns:
-      A :class:`~deqjax.solvers.Solution`; its value is the lowest-residual iterate.
+      A :class:`~deqjax.solvers.Solution` (fields with the leading batch axes under
+      ``batch_ndim``); its value is the best iterate (lowest residual, not blown up: see
+      ``deqjax._src.solvers.base``) and its ``f_value`` is ``f(value)``.
 
     Raises:
       ValueError: for invalid arguments (named in the message).

@@ -109,14 +109,17 @@ def broyden(
         a restart keeps the inverse consistent, where evicting the oldest update does not).
       line_search: backtracking on ``||g||^2`` (Armijo, halving up to 5 times); each trial is an
         evaluation of ``f`` and counts in ``num_steps`` and ``trace``.
-      divergence_factor: stop with ``DIVERGED`` when the residual exceeds this multiple of the best.
+      divergence_factor: stop with ``DIVERGED`` when the absolute residual exceeds this multiple
+        of the lowest absolute residual seen (in every ``stop_mode``).
       loop: ``"while"`` (default), ``"scan"`` (reverse-differentiable) or ``"python"`` (debugging).
       atol: absolute tolerance of ``stop_mode="mixed"`` (``None``: equal to ``tol``).
       batch_ndim: leading axes of ``z0``'s leaves that index independent problems; the low-rank
         inverse updates are batched (one ``[*batch, memory, ...]`` buffer per factor).
 
     Returns:
-      A :class:`~deqjax.solvers.Solution`; its value is the lowest-residual iterate.
+      A :class:`~deqjax.solvers.Solution` (fields with the leading batch axes under
+      ``batch_ndim``); its value is the best iterate (lowest residual, not blown up: see
+      ``deqjax._src.solvers.base``) and its ``f_value`` is ``f(value)``.
 
     Raises:
       ValueError: for invalid arguments (named in the message).

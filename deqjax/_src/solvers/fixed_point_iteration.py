@@ -36,14 +36,17 @@ def fixed_point_iteration(
       stop_mode: ``"abs"`` for ``||f(z) - z||``, ``"rel"`` for ``||f(z) - z|| / ||f(z)||``, or
         ``"mixed"`` for ``||f(z) - z|| <= atol + tol * ||z||`` (see :mod:`deqjax.solvers`).
       damping: the step ``z <- (1 - damping) z + damping f(z)``, in ``(0, 1]``.
-      divergence_factor: stop with ``DIVERGED`` when the residual exceeds this multiple of the best.
+      divergence_factor: stop with ``DIVERGED`` when the absolute residual exceeds this multiple
+        of the lowest absolute residual seen (in every ``stop_mode``).
       loop: ``"while"`` (default), ``"scan"`` (reverse-differentiable) or ``"python"`` (debugging).
       atol: absolute tolerance of ``stop_mode="mixed"`` (``None``: equal to ``tol``).
       batch_ndim: the number of leading axes of every leaf of ``z0`` that index independent
         problems, solved together in one loop with per-problem stopping (0: one problem).
 
     Returns:
-      A :class:`~deqjax.solvers.Solution`; its value is the lowest-residual iterate.
+      A :class:`~deqjax.solvers.Solution` (fields with the leading batch axes under
+      ``batch_ndim``); its value is the best iterate (lowest residual, not blown up: see
+      ``deqjax._src.solvers.base``) and its ``f_value`` is ``f(value)``.
 
     Raises:
       ValueError: for invalid arguments (named in the message).
