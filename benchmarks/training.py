@@ -55,8 +55,11 @@ def measure_throughput(
 
     from deqjax import data, training
 
-    if deq_mode != "native":  # this worker process only: the main job builds dq.nn.DEQ(...)
-        fm.dqnn.DEQ = functools.partial(fm.dqnn.DEQ, per_example=DEQ_MODES[deq_mode])
+    mode, _, fallback = deq_mode.partition("+")
+    if mode != "native":  # this worker process only: the main job builds dq.nn.DEQ(...)
+        fm.dqnn.DEQ = functools.partial(fm.dqnn.DEQ, per_example=DEQ_MODES[mode])
+    if fallback == "no_fallback":  # ImplicitAdjoint without the GMRES fallback solve
+        fm.dq.ImplicitAdjoint = functools.partial(fm.dq.ImplicitAdjoint, fallback=None)
 
     argv = ["--dataset", dataset, "--batch_size", str(batch_size)] + ([] if jr else ["--no_jr"])
     args = fm.parse_args(argv)
@@ -178,7 +181,8 @@ def main(argv=None) -> None:
         default="native",
         help="comma-separated dq.nn.DEQ modes for the throughput table: native (default, "
         "batch-native per-example), vmap (per-example by vmap, the pre-issue-15 default), "
-        "whole_batch",
+        "whole_batch; a suffix +no_fallback (e.g. native+no_fallback) builds the implicit "
+        "adjoint with fallback=None (no GMRES fallback solve)",
     )
     args = p.parse_args(argv)
     if args.worker:
