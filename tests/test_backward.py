@@ -462,3 +462,48 @@ def test_train_step_logs_backward_stats():
     assert {"bwd_steps", "bwd_rel_residual", "bwd_failure_rate", "bwd_fallback_rate"} <= set(m)
     assert float(m["bwd_fallback_rate"]) > 0.0 and float(m["bwd_failure_rate"]) == 0.0
     assert float(m["bwd_steps"]) > 30 and float(m["bwd_rel_residual"]) < 1e-9
+
+
+def test_fallback_skips_a_solve_that_ends_just_short_of_tol():
+    # u = g + 0.9 u by fixed-point iteration: after 30 steps the relative residual is ~4e-3, above
+    # tol = 1e-3 but within fallback_factor = 10 of it. Such a solve is kept (counted as not
+    # converged); with fallback_factor = 1 GMRES redoes it. A stalled solve (8 steps, ~4e-2) falls
+    # back under the default factor too.
+    def cell(p, x, z):
+        return p * z + x
+
+    x = jnp.ones(6, jnp.float64)
+
+    def stats_for(max_steps, factor):
+        backward = functools.partial(
+            dq.solvers.fixed_point_iteration, max_steps=max_steps, tol=1e-3
+        )
+        adjoint = dq.ImplicitAdjoint(solver=backward, fallback_factor=factor)
+
+        def loss(p, probe):
+            z, _ = dq.fixed_point(
+                cell,
+                p,
+                x,
+                jnp.zeros(6, jnp.float64),
+                solver=functools.partial(dq.solvers.anderson, tol=1e-10, max_steps=50),
+                adjoint=adjoint,
+                backward_stats=probe,
+            )
+            return jnp.sum(z)
+
+        g, stats = jax.grad(loss, argnums=(0, 1))(jnp.float64(0.9), dq.BackwardStats.zeros())
+        return float(g), stats
+
+    exact = 6.0 / (1 - 0.9) ** 2  # d/dp of sum(x / (1 - p))
+    g, stats = stats_for(30, 10.0)
+    assert float(stats.fallbacks) == 0 and float(stats.failures) == 1
+    assert 1e-3 < float(stats.rel_residual) <= 1e-2
+    assert g == pytest.approx(exact, rel=0.1)  # within the residual's reach
+    g, stats = stats_for(30, 1.0)
+    assert float(stats.fallbacks) == 1 and float(stats.failures) == 0
+    assert g == pytest.approx(exact, rel=1e-2)
+    _, stats = stats_for(8, 10.0)
+    assert float(stats.fallbacks) == 1 and float(stats.failures) == 0
+    with pytest.raises(ValueError, match="fallback_factor"):
+        dq.ImplicitAdjoint(fallback_factor=0.5)

@@ -93,8 +93,11 @@ class ImplicitAdjoint(Adjoint):
     written as the fixed point ``u = g + Jᵀu``. The backward runs, in order:
 
     1. ``solver`` from ``u0 = g`` (default: the forward solver, same kind and settings);
-    2. if that did not reach ``CONVERGED`` (hit its step cap, diverged, went non-finite):
-       ``fallback``, warm-started from the first solve's best iterate, and its result is used
+    2. if that FAILED — diverged, went non-finite, or hit its step cap with its best residual
+       still above ``fallback_factor × tol`` (its own ``tol`` and stop mode; a solve that ends
+       just short of ``tol`` is kept, reported as not converged, instead of paying for a second
+       solve every training step): ``fallback``, warm-started from the first solve's best
+       iterate, and its result is used
        (under ``lax.cond``: no cost when the first solve converged; under ``jax.vmap`` the cond
        becomes a select, so the fallback's setup, two VJPs, runs for every example and its
        iterations only while some example needs them). The default ``"gmres"`` is
@@ -116,6 +119,9 @@ class ImplicitAdjoint(Adjoint):
         solver. With a batch-native forward solve, ``batch_ndim`` is passed on to it.
       fallback: solver used where the first backward solve did not converge: ``"gmres"``
         (default, see above), any solver ``(h, u0) -> Solution``, or ``None`` (no second attempt).
+      fallback_factor: a first solve that hit its step cap runs the fallback only where its
+        best residual is above ``fallback_factor × tol`` (``>= 1``; 1: wherever it did not
+        converge). Where the solver's ``tol`` cannot be read, every non-converged solve falls back.
       on_failure: what a backward solve that did not converge (after the fallback) gives (the
         gradient is never silently zeroed): ``"best"`` (default) its lowest-residual iterate
         ``u`` (never worse than the Jacobian-free ``u = g``, where every solve starts);
@@ -139,6 +145,7 @@ class ImplicitAdjoint(Adjoint):
     solver: base.SolverFn | None = None
     fallback: base.SolverFn | str | None = "gmres"
     on_failure: str = "best"
+    fallback_factor: float = 10.0
 
     def __post_init__(self):
         if self.solver is not None and not callable(self.solver):
@@ -147,6 +154,8 @@ class ImplicitAdjoint(Adjoint):
             raise ValueError(
                 f'fallback must be "gmres", a solver callable or None, got {self.fallback!r}.'
             )
+        if not self.fallback_factor >= 1.0:
+            raise ValueError(f"fallback_factor must be >= 1, got {self.fallback_factor!r}.")
         if self.on_failure not in implicit_diff.ON_FAILURE:
             raise ValueError(
                 f"on_failure must be one of {implicit_diff.ON_FAILURE}, got {self.on_failure!r}."
@@ -158,7 +167,9 @@ class ImplicitAdjoint(Adjoint):
         fallback = self.fallback
         if isinstance(fallback, str):
             fallback = default_fallback(backward)
-        return implicit_diff.BackwardConfig(backward, fallback, self.on_failure)
+        tol = _solver_defaults(backward).get("tol")
+        above = float(self.fallback_factor * tol) if tol else 0.0
+        return implicit_diff.BackwardConfig(backward, fallback, self.on_failure, above)
 
     def solve(self, f, solver, params, x, z0, *, backward_stats=None):
         z_star, sol = implicit_diff.implicit_fixed_point(

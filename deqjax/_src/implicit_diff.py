@@ -168,12 +168,15 @@ def solve_adjoint(
     fallback: base.SolverFn | None,
     on_failure: str,
     batch_ndim: int = 0,
+    fallback_above: float = 0.0,
 ) -> AdjointResult:
     """The implicit backward: first solve, fallback where it did not converge, failure policy.
 
     1. ``solver`` on ``u = g + Jᵀu`` from ``u0 = g``.
-    2. Where its status is not ``CONVERGED`` and ``fallback`` is given: ``fallback`` on the same
-       map, warm-started from the first solve's lowest-residual iterate, its result used instead.
+    2. Where it FAILED and ``fallback`` is given: ``fallback`` on the same map, warm-started
+       from the first solve's lowest-residual iterate, its result used instead. Failed means
+       ``DIVERGED`` or ``NONFINITE``, or ``MAX_STEPS`` with a best residual (in the solver's own
+       stop mode, from its trace) above ``fallback_above`` (0: every solve that did not converge).
        Under ``lax.cond`` (for a single problem; skipped when not needed) or a per-problem select
        (``batch_ndim > 0``; the fallback's loop does no work for problems already converged).
     3. Where the final status is still not ``CONVERGED``: ``on_failure`` — ``"best"`` the
@@ -186,7 +189,9 @@ def solve_adjoint(
     """
     h = _adjoint_map(f, params, x, z_star, cotangent)
     first = call_solver(solver, h, cotangent, batch_ndim)
-    need = first.status != base.CONVERGED
+    best_res = jnp.min(first.trace, axis=-1)  # the solver's own residual measure
+    need = (first.status == base.DIVERGED) | (first.status == base.NONFINITE)
+    need = need | ((first.status == base.MAX_STEPS) & ~(best_res <= fallback_above))
     summary = (first.value, first.num_steps, first.abs_residual, first.rel_residual, first.status)
     if fallback is not None:
 
@@ -242,6 +247,7 @@ class BackwardConfig(NamedTuple):
     solver: base.SolverFn
     fallback: base.SolverFn | None
     on_failure: str
+    fallback_above: float = 0.0  # MAX_STEPS solves whose residual is at most this skip the fallback
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -290,6 +296,7 @@ def _bwd(f, solver, backward, residuals, cotangents):
         fallback=backward.fallback,
         on_failure=backward.on_failure,
         batch_ndim=fwd_status.ndim,
+        fallback_above=backward.fallback_above,
     )
     # One VJP in (params, x) for the whole batch: no per-example parameter cotangents.
     _, vjp_px = jax.vjp(lambda p, xx: f(p, xx, z_star), params, x)

@@ -263,5 +263,6 @@ def backward_convergence(
         fallback=config.fallback,
         on_failure="best",
         batch_ndim=batch_ndim,
+        fallback_above=config.fallback_above,
     )
     return stop(result.solution)
