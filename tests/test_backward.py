@@ -507,3 +507,43 @@ def test_fallback_skips_a_solve_that_ends_just_short_of_tol():
     assert float(stats.fallbacks) == 1 and float(stats.failures) == 0
     with pytest.raises(ValueError, match="fallback_factor"):
         dq.ImplicitAdjoint(fallback_factor=0.5)
+
+
+def test_fallback_skips_a_backward_no_worse_than_an_unconverged_forward():
+    # Forward stopped at its cap (rel. residual ~3e-2): a backward at its cap that ends closer to
+    # its solution (~1e-2) is not the weak link and is kept; the same backward after a converged
+    # forward falls back.
+    def cell(p, x, z):
+        return p * z + x
+
+    x = jnp.ones(6, jnp.float64)
+    backward = functools.partial(dq.solvers.fixed_point_iteration, max_steps=40, tol=1e-6)
+
+    def stats_for(forward_steps):
+        def loss(p, probe):
+            z, sol = dq.fixed_point(
+                cell,
+                p,
+                x,
+                jnp.zeros(6, jnp.float64),
+                solver=functools.partial(
+                    dq.solvers.fixed_point_iteration, max_steps=forward_steps, tol=1e-12
+                ),
+                adjoint=dq.ImplicitAdjoint(solver=backward),
+                backward_stats=probe,
+            )
+            return jnp.sum(z), sol
+
+        (_, stats), sol = jax.grad(loss, argnums=(0, 1), has_aux=True)(
+            jnp.float64(0.9), dq.BackwardStats.zeros()
+        )
+        return sol, stats
+
+    sol, stats = stats_for(30)
+    assert int(sol.status) == dq.solvers.MAX_STEPS
+    assert float(stats.rel_residual) < float(sol.rel_residual)
+    assert float(stats.rel_residual) > 10 * 1e-6
+    assert float(stats.fallbacks) == 0
+    sol, stats = stats_for(400)
+    assert int(sol.status) == dq.solvers.CONVERGED
+    assert float(stats.fallbacks) == 1 and float(stats.failures) == 0

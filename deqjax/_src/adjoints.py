@@ -94,11 +94,13 @@ class ImplicitAdjoint(Adjoint):
 
     1. ``solver`` from ``u0 = g`` (default: the forward solver, same kind and settings);
     2. if that FAILED — diverged, went non-finite, or hit its step cap with its best residual
-       still above ``fallback_factor × tol`` (its own ``tol`` and stop mode; a solve that ends
-       just short of ``tol`` is kept, reported as not converged, instead of paying for a second
-       solve every training step): ``fallback``, warm-started from the first solve's best
-       iterate, and its result is used
-       (under ``lax.cond``: no cost when the first solve converged; under ``jax.vmap`` the cond
+       still above ``fallback_factor × tol`` (its own ``tol`` and stop mode) AND a relative
+       residual above the forward's (per example): ``fallback``, warm-started from the first
+       solve's best iterate, and its result is used. A backward that ends just short of ``tol``,
+       or no further from its solution than the forward from ``z*`` (e.g. both at their step
+       caps early in training), is kept and reported as not converged instead of paying for a
+       second solve every training step. The fallback runs under ``lax.cond`` (no cost when no
+       solve needs it; under ``jax.vmap`` the cond
        becomes a select, so the fallback's setup, two VJPs, runs for every example and its
        iterations only while some example needs them). The default ``"gmres"`` is
        :func:`deqjax.solvers.gmres` with the first solver's ``tol`` and ``stop_mode`` and

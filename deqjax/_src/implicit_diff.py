@@ -169,6 +169,7 @@ def solve_adjoint(
     on_failure: str,
     batch_ndim: int = 0,
     fallback_above: float = 0.0,
+    forward_rel_residual: jax.Array | float = 0.0,
 ) -> AdjointResult:
     """The implicit backward: first solve, fallback where it did not converge, failure policy.
 
@@ -176,7 +177,10 @@ def solve_adjoint(
     2. Where it FAILED and ``fallback`` is given: ``fallback`` on the same map, warm-started
        from the first solve's lowest-residual iterate, its result used instead. Failed means
        ``DIVERGED`` or ``NONFINITE``, or ``MAX_STEPS`` with a best residual (in the solver's own
-       stop mode, from its trace) above ``fallback_above`` (0: every solve that did not converge).
+       stop mode, from its trace) above ``fallback_above`` (0: every solve that did not converge)
+       AND a relative residual above the forward solve's ``forward_rel_residual`` (per problem):
+       a backward that ends as close to its solution as the forward did to ``z*`` is not the
+       weak link of the gradient, and redoing it would not make the gradient exact.
        Under ``lax.cond`` (for a single problem; skipped when not needed) or a per-problem select
        (``batch_ndim > 0``; the fallback's loop does no work for problems already converged).
     3. Where the final status is still not ``CONVERGED``: ``on_failure`` — ``"best"`` the
@@ -191,7 +195,8 @@ def solve_adjoint(
     first = call_solver(solver, h, cotangent, batch_ndim)
     best_res = jnp.min(first.trace, axis=-1)  # the solver's own residual measure
     need = (first.status == base.DIVERGED) | (first.status == base.NONFINITE)
-    need = need | ((first.status == base.MAX_STEPS) & ~(best_res <= fallback_above))
+    stalled = ~(best_res <= fallback_above) & ~(first.rel_residual <= forward_rel_residual)
+    need = need | ((first.status == base.MAX_STEPS) & stalled)
     summary = (first.value, first.num_steps, first.abs_residual, first.rel_residual, first.status)
     if fallback is not None:
 
@@ -276,12 +281,12 @@ def implicit_fixed_point(
 
 def _fwd(f, solver, backward, params, x, z0, probe):
     sol = solver(lambda z: f(params, x, z), z0)
-    return (sol.value, sol), (params, x, sol.value, z0, sol.status, probe)
+    return (sol.value, sol), (params, x, sol.value, z0, sol.status, sol.rel_residual, probe)
 
 
 def _bwd(f, solver, backward, residuals, cotangents):
     del solver
-    params, x, z_star, z0, fwd_status, probe = residuals
+    params, x, z_star, z0, fwd_status, fwd_rel_residual, probe = residuals
     g_z, g_sol = cotangents
     # The Solution's value is z*: a cotangent reaching it counts like one on z*. Its statistics
     # (steps, residuals, trace, status) are not differentiable and their cotangents are dropped.
@@ -297,6 +302,7 @@ def _bwd(f, solver, backward, residuals, cotangents):
         on_failure=backward.on_failure,
         batch_ndim=fwd_status.ndim,
         fallback_above=backward.fallback_above,
+        forward_rel_residual=fwd_rel_residual,
     )
     # One VJP in (params, x) for the whole batch: no per-example parameter cotangents.
     _, vjp_px = jax.vjp(lambda p, xx: f(p, xx, z_star), params, x)
