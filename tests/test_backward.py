@@ -428,7 +428,7 @@ def test_krylov_mixed_stop_mode_and_inherited_fallback_tolerance():
         dq.solvers.fixed_point_iteration, stop_mode="mixed", tol=1e-9, atol=1e-11, max_steps=7
     )
     fb = dq.ImplicitAdjoint(solver=bwd).backward_config(FWD).fallback
-    assert fb.keywords == {"tol": 1e-9, "stop_mode": "mixed", "atol": 1e-11, "max_steps": 100}
+    assert fb.keywords == {"tol": 1e-9, "stop_mode": "mixed", "atol": 1e-11, "max_steps": 24}
 
 
 def test_train_step_logs_backward_stats():
