@@ -20,7 +20,6 @@ channel*: the cotangent of a :class:`BackwardStats` probe passed to :func:`deqja
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -91,19 +90,12 @@ class BackwardStats(NamedTuple):
         }
 
 
-def _accepts(solver: Callable[..., Any], name: str) -> bool:
-    try:
-        return name in inspect.signature(solver).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def call_solver(solver: base.SolverFn, h: Callable, u0: PyTree, batch_ndim: int) -> base.Solution:
     """``solver(h, u0)``, with ``batch_ndim=`` passed when it is nonzero and the solver takes it.
 
     A solver without the keyword solves a batched ``u0`` as one problem (whole-batch stopping).
     """
-    if batch_ndim and _accepts(solver, "batch_ndim"):
+    if batch_ndim and base.accepts_batch_ndim(solver):
         return solver(h, u0, batch_ndim=batch_ndim)
     return solver(h, u0)
 
