@@ -15,6 +15,7 @@ from deqjax._src.adjoints import (
 )
 from deqjax._src.fixed_point import fixed_point
 from deqjax._src.implicit_diff import BackwardStats
+from deqjax._src.reversible_adjoint import ReversibleAdjoint
 
 __version__ = "0.1.0"
 
@@ -24,6 +25,7 @@ __all__ = [
     "ImplicitAdjoint",
     "OneStepAdjoint",
     "PhantomAdjoint",
+    "ReversibleAdjoint",
     "UnrolledAdjoint",
     "data",
     "fixed_point",

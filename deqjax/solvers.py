@@ -21,6 +21,7 @@ from deqjax._src.solvers.base import (
 )
 from deqjax._src.solvers.broyden import broyden
 from deqjax._src.solvers.fixed_point_iteration import fixed_point_iteration
+from deqjax._src.solvers.reversible import reversal_error, reversible
 
 __all__ = [
     "CONVERGED",
@@ -36,5 +37,7 @@ __all__ = [
     "fixed_point_iteration",
     "gmres",
     "normal_cg",
+    "reversal_error",
+    "reversible",
     "status_name",
 ]

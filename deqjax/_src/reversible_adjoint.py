@@ -1,0 +1,195 @@
+"""Exact backprop through the reversible solver by reversal (McCallum, Arora, Foster 2025).
+
+:class:`ReversibleAdjoint` differentiates what :func:`deqjax.solvers.reversible` actually computed
+(no fixed-point assumption, no backward linear solve) while storing only the returned iterate's pair
+``(w_{k-1}, w_k)`` and its index ``k``: the backward pass rebuilds the iterates in reverse with the
+algebraic inverse of each step and back-propagates one VJP of ``f`` through each (the paper's
+Algorithm "exact backpropagation"). Memory is independent of the number of solver steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from deqjax._src import adjoints, tree
+from deqjax._src.solvers import reversible as reversible_lib
+
+PyTree = Any
+CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
+
+
+def _is_float(leaf: Any) -> bool:
+    return jnp.issubdtype(tree.leaf_dtype(leaf), jnp.inexact)
+
+
+def _split(t: PyTree) -> tuple[list, Callable[[list], PyTree]]:
+    """The float leaves of ``t`` and a function rebuilding ``t`` from (new) float leaves."""
+    leaves, treedef = jax.tree_util.tree_flatten(t)
+    mask = [_is_float(leaf) for leaf in leaves]
+
+    def rebuild(float_leaves: list) -> PyTree:
+        it = iter(float_leaves)
+        return jax.tree_util.tree_unflatten(
+            treedef, [next(it) if m else leaf for leaf, m in zip(leaves, mask)]
+        )
+
+    return [leaf for leaf, m in zip(leaves, mask) if m], rebuild
+
+
+def _join(t: PyTree, float_cotangents: list) -> PyTree:
+    """Cotangent of ``t``: the given float leaves, float0 zeros for the others."""
+    leaves, treedef = jax.tree_util.tree_flatten(t)
+    it = iter(float_cotangents)
+    out = [
+        next(it) if _is_float(leaf) else np.zeros(np.shape(leaf), jax.dtypes.float0)
+        for leaf in leaves
+    ]
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _reversed(f, beta, batch_ndim, params, x, z0, prev, value, steps):
+    """Identity on ``value`` whose VJP back-propagates through the ``steps`` reversible steps that
+    led from ``(z0, z0)`` to ``(prev, value)``."""
+    del f, beta, batch_ndim, params, x, z0, prev, steps
+    return value
+
+
+def _reversed_fwd(f, beta, batch_ndim, params, x, z0, prev, value, steps):
+    return value, (params, x, z0, prev, value, steps)
+
+
+def _reversed_bwd(f, beta, batch_ndim, residuals, g_value):
+    params, x, z0, prev, value, steps = residuals
+    p_leaves, p_rebuild = _split(params)
+    x_leaves, x_rebuild = _split(x)
+
+    def cell(pl, xl, z):
+        return f(p_rebuild(pl), x_rebuild(xl), z)
+
+    def cond_fun(c):
+        return jnp.any(c[0] < steps)
+
+    def body_fun(c):
+        # Pair (u, v) = (w_{j}, w_{j+1}) with cotangents (gu, gv); one step back gives
+        # (w_{j-1}, w_j) with w_{j-1} = (v - β f(u)) / (1 - β) and, from v = (1-β) w_{j-1} + β f(u):
+        # g_{w_{j-1}} = (1-β) gv, g_{w_j} = gu + J_f(u)ᵀ (β gv), g_θ += ∂f/∂θ(u)ᵀ (β gv).
+        i, u, v, gu, gv, gp, gx = c
+        active = i < steps
+        cot = tree.tree_where(
+            active,
+            jax.tree_util.tree_map(lambda a: beta * a, gv),
+            tree.tree_zeros_like(gv),
+            batch_ndim,
+        )
+        fu, vjp = jax.vjp(cell, p_leaves, x_leaves, u)
+        dp, dx, du = vjp(cot)
+        older = reversible_lib.unrelax(beta, v, fu)
+        g_older = jax.tree_util.tree_map(lambda a: (1.0 - beta) * a, gv)
+        return (
+            i + 1,
+            tree.tree_where(active, older, u, batch_ndim),
+            tree.tree_where(active, u, v, batch_ndim),
+            tree.tree_where(active, g_older, gu, batch_ndim),
+            tree.tree_where(active, tree.tree_add(gu, du), gv, batch_ndim),
+            tree.tree_add(gp, dp),
+            tree.tree_add(gx, dx),
+        )
+
+    init = (
+        jnp.zeros((), jnp.int32),
+        prev,
+        value,
+        tree.tree_zeros_like(prev),
+        g_value,
+        tree.tree_zeros_like(p_leaves),
+        tree.tree_zeros_like(x_leaves),
+    )
+    _, _, _, g_a, g_b, gp, gx = jax.lax.while_loop(cond_fun, body_fun, init)
+    # The pair is back at (w_{-1}, w_0) = (z0, z0): z0's cotangent is the sum of both slots.
+    g_z0 = tree.tree_add(g_a, g_b)
+    return (
+        _join(params, gp),
+        _join(x, gx),
+        g_z0,
+        tree.tree_zeros_like(prev),
+        tree.tree_zeros_like(value),
+        np.zeros(np.shape(steps), jax.dtypes.float0),
+    )
+
+
+_reversed.defvjp(_reversed_fwd, _reversed_bwd)
+
+
+def _accepts_return_state(solver: Callable[..., Any]) -> bool:
+    """Whether ``solver`` takes ``return_state=``: the reversible function, a partial of it, a
+    solver object whose ``function`` takes it, or a callable with ``**kwargs``."""
+    target = getattr(solver, "function", solver)  # solver objects name the function they call
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
+    return "return_state" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReversibleAdjoint(adjoints.Adjoint):
+    """Exact gradient of the reversible solve, by reversal, in O(1) memory in the solver's steps.
+
+    McCallum, Arora and Foster (2025), "Reversible Deep Equilibrium Models": the forward solver
+    must be :func:`deqjax.solvers.reversible` (a function, a ``functools.partial`` of it, or a
+    solver object that forwards ``return_state=True`` to it); any other solver raises
+    ``ValueError`` (its steps are not invertible). The forward keeps only the returned iterate
+    ``w_k``, the one before it and ``k``; the backward rebuilds ``w_{k-1}, ..., w_{-1}`` by the
+    algebraic inverse ``w_{j-1} = (w_{j+1} - β f(w_j)) / (1 - β)`` and back-propagates through
+    each step with one VJP of ``f`` (``k`` evaluations of ``f`` and ``k`` VJPs in all), so the
+    gradient is that of ordinary backprop through the same ``k`` steps (what
+    :class:`UnrolledAdjoint` computes with O(k) memory), in ``params``, ``x`` and ``z0``.
+
+    With a batch-native solve (``batch_ndim = n``) each problem reverses its own number of steps
+    in one batched loop (finished problems are masked); under ``jax.vmap`` likewise.
+
+    Floating-point: the inverse expands rounding at the rate the forward contracts, so iterates
+    from long before the returned one are rebuilt inaccurately once the forward has converged far
+    (tight ``tol``, many steps, float32); the cotangent reaching them shrinks at the forward's
+    (slower) convergence rate. Check a configuration with :func:`deqjax.solvers.reversal_error`
+    (and BENCHMARKS.md, "Reversible solver"). ``backward_stats`` receives no statistics.
+    """
+
+    def solve(self, f, solver, params, x, z0, *, backward_stats=None):
+        del backward_stats  # no backward solve
+        if not _accepts_return_state(solver):
+            raise ValueError(
+                "ReversibleAdjoint needs the reversible solver, dq.solvers.reversible (or a "
+                "functools.partial of it, or a solver object forwarding return_state=True to it): "
+                f"its gradient reverses the solver's steps, which other solvers cannot; got "
+                f"{solver!r}."
+            )
+        stop = jax.lax.stop_gradient
+        p_sg, x_sg = stop(params), stop(x)
+        out = solver(lambda z: f(p_sg, x_sg, z), stop(z0), return_state=True)
+        if not (
+            isinstance(out, tuple)
+            and len(out) == 2
+            and isinstance(out[1], reversible_lib.ReversibleState)
+        ):
+            raise ValueError(
+                "ReversibleAdjoint needs dq.solvers.reversible: the solver called with "
+                f"return_state=True must return (Solution, ReversibleState); {solver!r} returned "
+                f"{type(out).__name__}."
+            )
+        sol, state = out
+        batch_ndim = sol.status.ndim
+        z_out = _reversed(
+            f, state.beta, batch_ndim, params, x, z0, state.prev, state.value, state.steps
+        )
+        return z_out, adjoints._stop_statistics(sol, z_out)
