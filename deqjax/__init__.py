@@ -5,7 +5,17 @@
 >>> z_star, sol = dq.fixed_point(f, params, x, z0)  # differentiable in params and x
 """
 
-from deqjax import data, initializers, jacobian, nn, regularization, solvers, theory, training
+from deqjax import (
+    data,
+    initializers,
+    jacobian,
+    models,
+    nn,
+    regularization,
+    solvers,
+    theory,
+    training,
+)
 from deqjax._src.adjoints import (
     Adjoint,
     ImplicitAdjoint,
@@ -31,6 +41,7 @@ __all__ = [
     "fixed_point",
     "initializers",
     "jacobian",
+    "models",
     "nn",
     "regularization",
     "solvers",

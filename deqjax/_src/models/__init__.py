@@ -1,0 +1,1 @@
+"""Model implementations behind ``deqjax.models`` (one idea per file)."""
