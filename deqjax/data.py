@@ -7,10 +7,12 @@
 """
 
 from deqjax._src.data.batching import (
+    BatchIterator,
     IteratorState,
     ShuffledBatches,
     epoch_permutation,
     eval_batches,
+    state_dict,
 )
 from deqjax._src.data.cache import default_cache_dir
 from deqjax._src.data.cifar10 import CIFAR10_CLASSES, load_cifar10, read_cifar10_batch
@@ -40,6 +42,7 @@ from deqjax._src.data.tokenizer import SentencePieceTokenizer, encode_corpus, tr
 from deqjax._src.data.wikitext import load_wikitext
 
 __all__ = [
+    "BatchIterator",
     "CIFAR10_CLASSES",
     "DEFAULT_FASHION_MNIST_DIR",
     "DataFormatError",
@@ -65,6 +68,7 @@ __all__ = [
     "pad_to_cifar_shape",
     "read_cifar10_batch",
     "split_lines",
+    "state_dict",
     "stream_layout",
     "train_sentencepiece",
     "IteratorState",

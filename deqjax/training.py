@@ -39,6 +39,7 @@ from deqjax._src.training.metrics import (
     to_python,
 )
 from deqjax._src.training.optimizer import make_optimizer, make_schedule
+from deqjax._src.training.plots import line_plot, plot_metrics, save_figure
 from deqjax._src.training.run_dir import (
     RunDir,
     RunDirError,
@@ -51,6 +52,13 @@ from deqjax._src.training.run_dir import (
     prepare_run_dir,
     write_config,
 )
+from deqjax._src.training.runner import (
+    Experiment,
+    RunContext,
+    UsageError,
+    run,
+    write_json,
+)
 from deqjax._src.training.train_state import (
     TrainState,
     create_train_state,
@@ -59,23 +67,30 @@ from deqjax._src.training.train_state import (
     unreplicate,
 )
 from deqjax._src.training.train_step import (
+    TrainStep,
     make_diagnostics_step,
     make_train_step,
+    pmap_update,
     reduce_metrics,
+    train_step,
 )
 
 __all__ = [
     "CheckpointError",
     "Checkpointer",
     "DistributedConfig",
+    "Experiment",
     "FitResult",
     "MetricsWriter",
     "NonFiniteError",
     "RestoreError",
     "Restored",
+    "RunContext",
     "RunDir",
     "RunDirError",
     "TrainState",
+    "TrainStep",
+    "UsageError",
     "add_distributed_flags",
     "add_run_flags",
     "all_finite",
@@ -87,6 +102,7 @@ __all__ = [
     "format_metrics",
     "format_value",
     "initialize_distributed",
+    "line_plot",
     "make_diagnostics_step",
     "make_eval_step",
     "make_optimizer",
@@ -94,6 +110,8 @@ __all__ = [
     "make_train_step",
     "nonnegative_float",
     "nonnegative_int",
+    "plot_metrics",
+    "pmap_update",
     "positive_float",
     "positive_int",
     "prepare_run_dir",
@@ -101,10 +119,14 @@ __all__ = [
     "read_jsonl",
     "reduce_metrics",
     "replicate",
+    "run",
+    "save_figure",
     "shard",
     "skip_nonfinite",
     "to_python",
+    "train_step",
     "tree_digest",
     "unreplicate",
     "write_config",
+    "write_json",
 ]

@@ -6,12 +6,17 @@ communicating, and a run resumed from a checkpoint that stored :class:`IteratorS
 ``(epoch, index)`` sees exactly the batches it would have seen. Process ``p`` of ``P`` takes the
 ``p``-th contiguous slice of each global batch (each host reads its own shard; the union over hosts
 is the global batch).
+
+:class:`BatchIterator` is the protocol :func:`deqjax.training.fit` trains from: any endless
+iterator of host batches whose position can be read (``state``, JSON-able) and set back
+(``restore``), so a checkpoint can hold it and ``--resume`` continue from it. ShuffledBatches
+implements it; so can any other source (e.g. ordered language-model segments with memory).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -23,6 +28,47 @@ class IteratorState(NamedTuple):
 
     epoch: int  # epochs completed before the current one (0-based epoch number)
     index: int  # batches already yielded in the current epoch
+
+
+@runtime_checkable
+class BatchIterator(Protocol):
+    """What :func:`deqjax.training.fit` needs from its training data: a resumable batch stream.
+
+    Required:
+
+    * ``__next__() -> batch``: this process's share of the next global batch, a pytree of numpy
+      arrays with a leading batch axis of ``local_batch_size`` (what the step shards over devices);
+    * ``state``: the position, a NamedTuple or mapping of JSON-able values (stored in every
+      checkpoint's metadata as a dict);
+    * ``restore(state)``: moves to a position read from ``state``, given back as a dict after the
+      JSON round trip (or as the object ``state`` returned).
+
+    Optional (read with ``getattr``): ``batch_size`` (global; logged as ``examples_per_sec``),
+    ``local_batch_size`` (checked against the device count), ``steps_per_epoch`` (enables the
+    ``epoch`` field and evaluation at epoch ends; absent or None for an endless stream).
+
+    Restoring a saved state and calling ``next`` must give the batch the uninterrupted iterator
+    would have given: that is what makes a resumed run reproduce the uninterrupted one.
+    """
+
+    @property
+    def state(self) -> Any: ...
+
+    def restore(self, state: Any) -> None: ...
+
+    def __next__(self) -> Any: ...
+
+
+def state_dict(state: Any) -> dict:
+    """A :class:`BatchIterator` position as a JSON-able dict (from a NamedTuple or mapping)."""
+    if hasattr(state, "_asdict"):
+        state = state._asdict()
+    if not isinstance(state, Mapping):
+        raise ValueError(
+            f"a BatchIterator's state must be a NamedTuple or a mapping, got "
+            f"{type(state).__name__}."
+        )
+    return {str(k): (v.item() if isinstance(v, np.generic) else v) for k, v in state.items()}
 
 
 def epoch_permutation(num_examples: int, *, seed: int, epoch: int) -> np.ndarray:

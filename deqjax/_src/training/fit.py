@@ -15,13 +15,13 @@ import jax
 import numpy as np
 import optax
 
-from deqjax._src.data.batching import IteratorState, ShuffledBatches, eval_batches
+from deqjax._src.data.batching import BatchIterator, eval_batches, state_dict
 from deqjax._src.training.checkpoint import Checkpointer, RestoreError, all_finite
 from deqjax._src.training.evaluation import EvalFn, evaluate, make_eval_step
 from deqjax._src.training.metrics import MetricsWriter, format_metrics, progress_bar, to_python
 from deqjax._src.training.train_state import (
     TrainState,
-    create_train_state,
+    device_sharding,
     replicate,
     shard,
     unreplicate,
@@ -30,9 +30,11 @@ from deqjax._src.training.train_step import (
     DiagnosticsFn,
     LossFn,
     RegUpdateFn,
+    TrainStep,
     make_diagnostics_step,
-    make_train_step,
+    pmap_update,
 )
+from deqjax._src.training.train_step import train_step as build_train_step
 
 PyTree = Any
 
@@ -41,7 +43,7 @@ class FitResult(NamedTuple):
     """What :func:`fit` returns."""
 
     state: TrainState  # the final state, unreplicated, numpy on the host
-    data_state: IteratorState  # the training iterator's position after the last step
+    data_state: Any  # the training iterator's position (its ``state``) after the last step
     history: list[dict]  # every record logged by this call (train, eval and diagnostics)
     interrupted: bool  # True if stopped early by SIGTERM (after saving a checkpoint)
     restored_step: int | None  # the checkpoint step this call resumed from, None if fresh
@@ -104,6 +106,29 @@ def _py_scalar(value):
     return arr.item() if arr.ndim == 0 else to_python(value)
 
 
+def _stack(tree: PyTree, n: int) -> PyTree:
+    """One copy of every leaf per device: ``[n, *x.shape]`` host arrays."""
+    return jax.tree_util.tree_map(lambda x: np.stack([np.asarray(x)] * n), tree)
+
+
+def _to_devices(state: TrainState, devices: Sequence[jax.Device]) -> TrainState:
+    """Replicates the state over ``devices``; the carry, already one per device, is split."""
+    state_r = replicate(state._replace(carry=()), devices)
+    carry = jax.device_put(state.carry, device_sharding(devices))
+    return state_r._replace(carry=carry)
+
+
+def _to_host(state_r: TrainState) -> TrainState:
+    """The first replica of the state on the host, with every local device's carry."""
+
+    def gather(x):
+        shards = sorted(x.addressable_shards, key=lambda sh: sh.index[0].start or 0)
+        return np.concatenate([np.asarray(sh.data) for sh in shards])
+
+    state = unreplicate(state_r._replace(carry=()))
+    return state._replace(carry=jax.tree_util.tree_map(gather, state_r.carry))
+
+
 def _check_positive_int(value, name: str, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -114,11 +139,13 @@ def _check_positive_int(value, name: str, *, allow_none: bool = False) -> None:
 def fit(
     *,
     params: PyTree,
-    loss_fn: LossFn,
-    optimizer: optax.GradientTransformation,
-    train_data: ShuffledBatches,
+    loss_fn: LossFn | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+    train_data: BatchIterator,
     num_steps: int,
     rng: jax.Array,
+    train_step: TrainStep | None = None,
+    carry: PyTree = None,
     reg_state: PyTree = (),
     update_reg_state: RegUpdateFn | None = None,
     learning_rate_fn: optax.Schedule | None = None,
@@ -166,12 +193,23 @@ def fit(
 
     Args:
       params: initial parameters (ignored when a checkpoint is restored).
-      loss_fn: ``(params, batch, key, reg_state, step) -> (loss, metrics)``, see
+      loss_fn: ``(params, batch, key, reg_state, step) -> (loss, metrics)`` (with ``carry``:
+        ``loss_fn(..., carry=c) -> (loss, metrics, next_c)``), see
         :func:`~deqjax.training.make_train_step`.
-      optimizer: an optax transformation.
-      train_data: the training iterator (its position is restored on resume and checkpointed).
+      optimizer: an optax transformation (with ``loss_fn``).
+      train_data: any :class:`~deqjax.data.BatchIterator` (e.g. ``ShuffledBatches``): its
+        position (``state``) is checkpointed and restored on resume. Without ``steps_per_epoch``
+        the records carry no ``epoch`` and evaluation needs ``eval_every``.
       num_steps: total optimizer steps (the run ends when ``state.step == num_steps``).
       rng: the run's key (``jax.random.PRNGKey(seed)``).
+      train_step: instead of ``loss_fn`` and ``optimizer``, a :class:`~deqjax.training.TrainStep`
+        pair (e.g. from :func:`~deqjax.training.train_step`, its optimizer wrapped in
+        :func:`skip_nonfinite` for the non-finite guard: fit wraps only an ``optimizer`` it is
+        given). ``update_reg_state``, ``learning_rate_fn`` and ``per_device_rng`` then belong to
+        the pair and must not be passed.
+      carry: initial recurrent state carried from each step to the next (e.g. a language
+        model's zero memory), replicated to every device, then each device's own; checkpointed
+        (all local devices' carries) and restored on resume. None: no carry.
       reg_state: initial regularizer state (e.g. ``AdaptiveGamma(...).init()``).
       update_reg_state: ``(reg_state, metrics, step) -> reg_state``; see ``make_train_step``.
       learning_rate_fn: a schedule, logged as ``"learning_rate"``.
@@ -221,10 +259,23 @@ def fit(
     _check_positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
     _check_positive_int(eval_every, "eval_every", allow_none=True)
     _check_positive_int(diagnostics_every, "diagnostics_every", allow_none=True)
-    if not isinstance(train_data, ShuffledBatches):
+    if not isinstance(train_data, BatchIterator):
         raise ValueError(
-            f"train_data must be a deqjax.data.ShuffledBatches, got {type(train_data).__name__}."
+            f"train_data must be a deqjax.data.BatchIterator (next(), state, restore(state)), "
+            f"got {type(train_data).__name__}."
         )
+    if (train_step is None) == (loss_fn is None) or (loss_fn is None) != (optimizer is None):
+        raise ValueError("pass either loss_fn and optimizer, or train_step (a TrainStep pair).")
+    if train_step is not None and (update_reg_state or learning_rate_fn or not per_device_rng):
+        raise ValueError(
+            "update_reg_state, learning_rate_fn and per_device_rng belong to the train_step pair: "
+            "pass them to deqjax.training.train_step."
+        )
+    steps_per_epoch = getattr(train_data, "steps_per_epoch", None)
+    global_batch = getattr(train_data, "batch_size", None)
+    local_batch = getattr(train_data, "local_batch_size", None)
+    if eval_fn is not None and steps_per_epoch is None and eval_every is None:
+        raise ValueError("eval_every is required: train_data has no steps_per_epoch.")
     if (eval_fn is None) != (eval_data is None):
         raise ValueError("eval_fn and eval_data must be given together.")
     if diagnostics_fn is not None and diagnostics_every is None:
@@ -239,22 +290,34 @@ def fit(
         local_devices = jax.local_devices()
     else:
         local_devices = [d for d in devices if d.process_index == jax.process_index()]
-    if train_data.local_batch_size % len(local_devices):
+    if local_batch is not None and local_batch % len(local_devices):
         raise ValueError(
-            f"the per-process batch ({train_data.local_batch_size}) must be divisible by the "
+            f"the per-process batch ({local_batch}) must be divisible by the "
             f"number of local devices ({len(local_devices)})."
         )
-    eval_batch_size = train_data.batch_size if eval_batch_size is None else eval_batch_size
+    eval_batch_size = global_batch if eval_batch_size is None else eval_batch_size
+    if eval_fn is not None and eval_batch_size is None:
+        raise ValueError("eval_batch_size is required: train_data has no batch_size.")
     if eval_fn is not None and eval_batch_size % (jax.process_count() * len(local_devices)):
         raise ValueError(
             f"eval_batch_size ({eval_batch_size}) must be a multiple of process_count x local "
             f"devices ({jax.process_count()} x {len(local_devices)})."
         )
     is_main = jax.process_index() == 0
-    if max_nonfinite_steps is not None:
-        optimizer = skip_nonfinite(optimizer)
-
-    state = create_train_state(params, optimizer, rng, reg_state=reg_state)
+    if train_step is None:
+        if max_nonfinite_steps is not None:
+            optimizer = skip_nonfinite(optimizer)
+        train_step = build_train_step(
+            loss_fn,
+            optimizer,
+            update_reg_state=update_reg_state,
+            learning_rate_fn=learning_rate_fn,
+            per_device_rng=per_device_rng,
+            with_carry=carry is not None,
+        )
+    state = train_step.init(params, rng, reg_state=reg_state, carry=() if carry is None else carry)
+    # The carry is per device: a template with one copy per local device.
+    state = state._replace(carry=_stack(state.carry, len(local_devices)))
     ckpt = Checkpointer(checkpoint_dir, max_to_keep=keep_checkpoints) if checkpoint_dir else None
     restored_step = None
     if ckpt is not None and not resume and ckpt.all_steps():
@@ -288,19 +351,11 @@ def fit(
             print_fn(f"resumed from {ckpt.path(restored.step)} (step {restored.step})")
     step = int(np.asarray(state.step))
 
-    train_step = make_train_step(
-        loss_fn,
-        optimizer,
-        update_reg_state=update_reg_state,
-        learning_rate_fn=learning_rate_fn,
-        per_device_rng=per_device_rng,
-        devices=devices,
-    )
+    update_fn = pmap_update(train_step, devices=devices)
     eval_step = make_eval_step(eval_fn, devices=devices) if eval_fn is not None else None
     diag_step = None
     if diagnostics_fn is not None:
         diag_step = make_diagnostics_step(diagnostics_fn, devices=devices)
-    steps_per_epoch = train_data.steps_per_epoch
     history: list[dict] = []
     try:
         writer = MetricsWriter(
@@ -314,6 +369,9 @@ def fit(
             ckpt.close()
         raise
 
+    def _epoch(step: int) -> dict:
+        return {} if steps_per_epoch is None else {"epoch": step / steps_per_epoch}
+
     def log(record: dict) -> None:
         # history keeps floats (nan stays a float, formattable); the file gets JSON strings.
         record = {k: _py_scalar(v) for k, v in record.items()}
@@ -323,7 +381,7 @@ def fit(
     def save(state_r) -> None:
         if ckpt is None:
             return
-        host_state = unreplicate(state_r)
+        host_state = _to_host(state_r)
         if not all_finite(host_state):
             last = ckpt.all_steps()
             raise NonFiniteError(
@@ -332,18 +390,18 @@ def fit(
                 f"{ckpt.path(last[-1]) if last else 'none'}. Lower the learning rate or clip "
                 f"the gradients."
             )
-        meta = {"data": train_data.state._asdict(), "config": to_python(dict(config or {}))}
+        meta = {"data": state_dict(train_data.state), "config": to_python(dict(config or {}))}
         ckpt.save(step, host_state, meta)
 
     def run_eval(state_r) -> None:
         batches = eval_batches(eval_data, batch_size=eval_batch_size)
         means = evaluate(eval_step, state_r.params, batches, devices=local_devices)
-        record = {"split": "eval", "step": step, "epoch": step / steps_per_epoch, **means}
+        record = {"split": "eval", "step": step, **_epoch(step), **means}
         log(record)
         if print_fn is not None and is_main:
             print_fn(f"[{desc}] step {step} eval: " + format_metrics(means))
 
-    state_r = replicate(state, local_devices)
+    state_r = _to_devices(state, local_devices)
     del state
     interrupted = False
     last_eval_step = None
@@ -354,19 +412,20 @@ def fit(
         with _sigterm_handler(handle_sigterm) as stop:
             while step < num_steps:
                 batch = shard(next(train_data), local_devices)
-                state_r, metrics = train_step(state_r, batch)
+                state_r, metrics = update_fn(state_r, batch)
                 step += 1
                 bar.update(1)
                 if step % log_every == 0 or step == num_steps:
                     host = {k: float(v) for k, v in unreplicate(metrics).items()}
                     now = time.perf_counter()
-                    rate = (step - window_start) * train_data.batch_size / max(now - t_window, 1e-9)
+                    rate = (step - window_start) * (global_batch or np.nan)
+                    rate /= max(now - t_window, 1e-9)
                     t_window, window_start = now, step
                     log(
                         {
                             "split": "train",
                             "step": step,
-                            "epoch": step / steps_per_epoch,
+                            **_epoch(step),
                             **host,
                             "examples_per_sec": rate,
                         }
@@ -393,7 +452,11 @@ def fit(
                 if diag_step is not None and step % diagnostics_every == 0:
                     diag = {k: float(v) for k, v in unreplicate(diag_step(state_r, batch)).items()}
                     log({"split": "diagnostics", "step": step, **diag})
-                end_of_epoch = train_data.state.index == steps_per_epoch
+                # ShuffledBatches: its index; other epoch-based iterators: the step count
+                position = getattr(train_data.state, "index", None)
+                if position is None and steps_per_epoch is not None:
+                    position = (step - 1) % steps_per_epoch + 1
+                end_of_epoch = steps_per_epoch is not None and position == steps_per_epoch
                 if eval_step is not None and (
                     (eval_every is None and end_of_epoch)
                     or (eval_every is not None and step % eval_every == 0)
@@ -419,7 +482,7 @@ def fit(
         if ckpt is not None:
             ckpt.close()
     return FitResult(
-        state=TrainState(*unreplicate(state_r)),
+        state=TrainState(*_to_host(state_r)),
         data_state=train_data.state,
         history=history,
         interrupted=interrupted,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -16,8 +18,19 @@ def to_python(value: Any) -> Any:
     """numpy / JAX scalars and arrays -> JSON-able Python.
 
     Non-finite floats are written as the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has no
-    literal for them); :func:`read_jsonl` turns them back into floats.
+    literal for them); :func:`read_jsonl` turns them back into floats. Configuration objects
+    are written by their fields so a config file shows every hyper-parameter: a dataclass (e.g.
+    a solver object) as ``{"type": class name, field: value, ...}``, a ``functools.partial`` as
+    ``{"function": name, keyword: value, ...}``, another function or class by its name.
     """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return {"type": type(value).__name__, **to_python(fields)}
+    if isinstance(value, functools.partial):
+        name = getattr(value.func, "__qualname__", repr(value.func))
+        return {"function": name, **to_python(value.keywords)}
+    if callable(value) and hasattr(value, "__qualname__"):
+        return value.__qualname__
     if isinstance(value, Mapping):
         return {str(k): to_python(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -28,6 +28,9 @@ class TrainState(NamedTuple):
     rng: jax.Array  # uint32 [2]: raw PRNG key, split once per step
     step: jax.Array  # int32 []: number of optimizer updates applied so far
     reg_state: PyTree = ()  # regularizer/controller state, e.g. an AdaptiveGammaState; any pytree
+    # recurrent state carried from one batch to the next (e.g. a language model's memory); one
+    # per device (each device's shard of the stream has its own); () when unused
+    carry: PyTree = ()
 
 
 def create_train_state(
@@ -36,6 +39,7 @@ def create_train_state(
     rng: jax.Array,
     *,
     reg_state: PyTree = (),
+    carry: PyTree = (),
 ) -> TrainState:
     """A fresh :class:`TrainState` at step 0 (unreplicated).
 
@@ -45,6 +49,7 @@ def create_train_state(
       rng: a ``jax.random`` key, raw (``uint32[2]``) or typed (``jax.random.key``); stored raw so
         that checkpoints hold plain arrays.
       reg_state: initial regularizer state (default: none).
+      carry: initial recurrent state carried across steps (default: none), e.g. zero memory.
 
     Raises:
       ValueError: if ``rng`` is not a key.
@@ -60,6 +65,7 @@ def create_train_state(
         rng=rng,
         step=jnp.zeros((), jnp.int32),
         reg_state=reg_state,
+        carry=carry,
     )
 
 
