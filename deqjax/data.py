@@ -28,7 +28,14 @@ from deqjax._src.data.idx import (
     write_idx,
 )
 from deqjax._src.data.kjv import load_kjv
-from deqjax._src.data.lm_batching import LMSegment, lm_segments, num_lm_segments, stream_layout
+from deqjax._src.data.lm_batching import (
+    LMBatches,
+    LMBatchesState,
+    LMSegment,
+    lm_segments,
+    num_lm_segments,
+    stream_layout,
+)
 from deqjax._src.data.sources import (
     STANDIN_PREFIX,
     ImageDataset,
@@ -48,6 +55,8 @@ __all__ = [
     "DataFormatError",
     "DataNotFoundError",
     "ImageDataset",
+    "LMBatches",
+    "LMBatchesState",
     "LMCorpus",
     "LMSegment",
     "STANDIN_PREFIX",

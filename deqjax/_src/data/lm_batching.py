@@ -15,14 +15,21 @@ carries hidden states from one segment to the next (DEQ/Transformer-XL memory) s
 order. Only full segments are produced (``num_segments = (L - 1) // T``), so every batch has the
 same shape under ``jit``. Everything is a pure function of the arguments (deterministic,
 resumable with ``start``).
+
+:class:`LMBatches` is the endless, resumable form for :func:`deqjax.training.fit` (the
+``BatchIterator`` protocol: ``next``, ``state``, ``restore``): pass after pass over the segments,
+each batch flagging with ``reset`` the streams whose memory must start empty (the first segment of
+every pass), so the model's memory — fit's ``carry`` — follows the streams across steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
+
+from deqjax._src.data.batching import _process_info
 
 
 class LMSegment(NamedTuple):
@@ -121,3 +128,131 @@ def _segments(
             memory[:, memory_length - have :] = data[:, begin - have : begin]
         memory_valid = np.arange(first, begin) >= 0
         yield LMSegment(inputs.copy(), targets.copy(), memory, memory_valid, s)
+
+
+class LMBatchesState(NamedTuple):
+    """Position of an :class:`LMBatches` iterator (stored in checkpoints)."""
+
+    epoch: int  # passes over the segments completed
+    index: int  # segments already yielded in the current pass
+
+
+class LMBatches:
+    """Endless, resumable language-model batches: :func:`lm_segments` pass after pass.
+
+    Implements the :class:`~deqjax.data.BatchIterator` protocol of :func:`deqjax.training.fit`.
+    ``next()`` returns this process's streams of the next segment::
+
+        {"inputs": int32[B_p, T], "targets": int32[B_p, T], "reset": bool[B_p]}
+
+    (plus ``"memory": int32[B_p, M]`` and ``"memory_valid": bool[B_p, M]`` when
+    ``memory_length > 0``), where ``reset`` is True on the first segment of every pass: a model
+    carrying hidden states across steps (:func:`deqjax.models.reset_memory`) starts that segment
+    from an empty memory, exactly as a fresh pass over :func:`lm_segments` would.
+
+    Args:
+      tokens: int 1-D token stream (the same on every process).
+      num_streams: GLOBAL batch size ``B`` (streams), summed over processes; process ``p`` of
+        ``P`` takes streams ``[p B/P, (p+1) B/P)``.
+      segment_length: ``T``.
+      memory_length: ``M`` memory tokens per segment (default 0: none; the token memory of
+        :func:`lm_segments`, not the model's hidden-state memory).
+      pad_id: value of memory positions before the start of a stream.
+      process_index, process_count: this process's shard (default jax's).
+      state: start position (default the beginning).
+
+    Raises:
+      ValueError: for a bad argument (see :func:`lm_segments`) or ``num_streams`` not divisible
+        by ``process_count``.
+
+    Example:
+      >>> it = LMBatches(train_tokens, num_streams=16, segment_length=64)
+      >>> batch = next(it); it.state
+      LMBatchesState(epoch=0, index=1)
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        *,
+        num_streams: int,
+        segment_length: int,
+        memory_length: int = 0,
+        pad_id: int = 0,
+        process_index: int | None = None,
+        process_count: int | None = None,
+        state: LMBatchesState | None = None,
+    ):
+        # Validates every argument (and that one segment fits) now, not at the first next().
+        lm_segments(
+            tokens,
+            num_streams=num_streams,
+            segment_length=segment_length,
+            memory_length=memory_length,
+            pad_id=pad_id,
+        )
+        self._process_index, self._process_count = _process_info(process_index, process_count)
+        if num_streams % self._process_count:
+            raise ValueError(
+                f"num_streams ({num_streams}) must be divisible by the process count "
+                f"({self._process_count})."
+            )
+        self._tokens = np.asarray(tokens)
+        self._kwargs = dict(
+            num_streams=num_streams,
+            segment_length=segment_length,
+            memory_length=memory_length,
+            pad_id=pad_id,
+        )
+        self.batch_size = num_streams
+        self.local_batch_size = num_streams // self._process_count
+        self.steps_per_epoch = num_lm_segments(
+            self._tokens.shape[0], num_streams=num_streams, segment_length=segment_length
+        )
+        self._state = LMBatchesState(0, 0)
+        self._segments: Iterator[LMSegment] | None = None
+        self.restore(LMBatchesState(0, 0) if state is None else state)
+
+    @property
+    def state(self) -> LMBatchesState:
+        """The position: ``(passes completed, segments yielded in this pass)``."""
+        return self._state
+
+    def restore(self, state: LMBatchesState | dict[str, Any]) -> None:
+        """Moves to ``state`` (an :class:`LMBatchesState` or its dict after a JSON round trip).
+
+        Raises:
+          ValueError: for a position outside ``[0, steps_per_epoch]`` or a negative epoch.
+        """
+        if isinstance(state, dict):
+            state = LMBatchesState(int(state["epoch"]), int(state["index"]))
+        epoch, index = int(state.epoch), int(state.index)
+        if epoch < 0 or not 0 <= index <= self.steps_per_epoch:
+            raise ValueError(
+                f"state must have epoch >= 0 and index in [0, {self.steps_per_epoch}], got "
+                f"{state!r}."
+            )
+        self._state = LMBatchesState(epoch, index)
+        self._segments = lm_segments(self._tokens, start=index, **self._kwargs)
+
+    def __iter__(self) -> LMBatches:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        epoch, index = self._state
+        if index == self.steps_per_epoch:  # a new pass: the streams start again
+            epoch, index = epoch + 1, 0
+            self._segments = lm_segments(self._tokens, **self._kwargs)
+        seg = next(self._segments)
+        self._state = LMBatchesState(epoch, index + 1)
+        lo = self._process_index * self.local_batch_size
+        rows = slice(lo, lo + self.local_batch_size)
+        batch = {
+            "inputs": seg.inputs[rows],
+            "targets": seg.targets[rows],
+            "reset": np.full((self.local_batch_size,), seg.index == 0),
+        }
+        if self._kwargs["memory_length"]:
+            batch["memory"] = seg.memory[rows]
+            batch["memory_valid"] = np.broadcast_to(seg.memory_valid, batch["memory"].shape)
+        return batch

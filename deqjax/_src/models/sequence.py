@@ -124,6 +124,23 @@ def next_memory(new_mems: jax.Array, memory_length: int) -> jax.Array:
     return new_mems[..., -memory_length:, :]
 
 
+def reset_memory(mems: jax.Array, reset: jax.Array) -> jax.Array:
+    """``mems`` with the streams flagged by ``reset [B]`` (bool) set to zero: the memory of a
+    stream whose new pass begins (``dq.data.LMBatches``' ``batch["reset"]``). ``mems`` is
+    ``[B, M, D]`` or ``[depth, B, M, D]``.
+
+    Raises:
+      ValueError: if ``mems`` is neither, or its batch axis differs from ``reset``'s.
+    """
+    if mems.ndim not in (3, 4) or mems.shape[mems.ndim - 3] != reset.shape[0]:
+        raise ValueError(
+            f"mems must be [B, M, D] or [depth, B, M, D] with B = reset's {reset.shape[0]}, got "
+            f"shape {mems.shape}."
+        )
+    flag = reset[:, None, None] if mems.ndim == 3 else reset[None, :, None, None]
+    return jnp.where(flag, jnp.zeros_like(mems), mems)
+
+
 class SequenceBackbone(hk.Module):
     """A DEQ, weight-tied or untied sequence backbone with memory (see the module docstring).
 
