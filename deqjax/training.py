@@ -74,6 +74,7 @@ from deqjax._src.training.train_step import (
     reduce_metrics,
     train_step,
 )
+from deqjax._src.training.xla_memory import compile_with_memory
 
 __all__ = [
     "CheckpointError",
@@ -94,6 +95,7 @@ __all__ = [
     "add_distributed_flags",
     "add_run_flags",
     "all_finite",
+    "compile_with_memory",
     "config_changes",
     "create_train_state",
     "distributed_config",
