@@ -5,6 +5,11 @@ backward ``u = g + Jᵀu``, e.g. ``dq.ImplicitAdjoint(solver=dq.solvers.gmres)``
 ``jax.scipy.sparse.linalg``.
 
 Each solver returns a :class:`Solution` whose ``value`` is the lowest-residual iterate seen.
+
+Solvers as data: ``FixedPointIteration``, ``Anderson``, ``Broyden``, ``GMRES``, ``BiCGStab`` and
+``NormalCG`` are frozen, hashable dataclasses whose fields are the functions' keywords (``to_dict``
+and :func:`from_dict` for configs; :func:`describe` reads any solver's settings).
+:func:`summarize` turns a Solution into a metrics dict.
 """
 
 from deqjax._src.linear_solvers import bicgstab, gmres, normal_cg
@@ -22,22 +27,44 @@ from deqjax._src.solvers.base import (
 from deqjax._src.solvers.broyden import broyden
 from deqjax._src.solvers.fixed_point_iteration import fixed_point_iteration
 from deqjax._src.solvers.reversible import reversal_error, reversible
+from deqjax._src.solvers.solver_objects import (
+    GMRES,
+    Anderson,
+    BiCGStab,
+    Broyden,
+    FixedPointIteration,
+    NormalCG,
+    Solver,
+    describe,
+    from_dict,
+)
+from deqjax._src.solvers.summary import summarize
 
 __all__ = [
+    "GMRES",
+    "Anderson",
+    "BiCGStab",
+    "Broyden",
     "CONVERGED",
     "DIVERGED",
+    "FixedPointIteration",
     "MAX_STEPS",
     "NONFINITE",
+    "NormalCG",
     "STATUS_NAMES",
     "Solution",
+    "Solver",
     "SolverFn",
     "anderson",
     "bicgstab",
     "broyden",
+    "describe",
     "fixed_point_iteration",
+    "from_dict",
     "gmres",
     "normal_cg",
     "reversal_error",
     "reversible",
     "status_name",
+    "summarize",
 ]

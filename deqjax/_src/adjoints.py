@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from typing import Any, Callable
 
 import jax
 
 from deqjax._src import implicit_diff, linear_solvers, tree
-from deqjax._src.solvers import base
+from deqjax._src.solvers import base, solver_objects
 
 PyTree = Any
 CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
@@ -29,6 +28,24 @@ def _stop_statistics(sol: base.Solution, z_star: PyTree) -> base.Solution:
     """The Solution returned to users: value = z_star (differentiable), statistics detached."""
     stats = jax.lax.stop_gradient(sol._replace(value=()))
     return stats._replace(value=z_star)
+
+
+def _solve_without_gradient(
+    f: CellFn, solver: base.SolverFn, params: PyTree, x: PyTree, z0: PyTree
+) -> base.Solution:
+    """The forward solve on gradient-free inputs, for strategies whose gradient comes from
+    elsewhere: no tangent enters the solver loop, so it runs once under ``grad`` (a loop carrying
+    tangents is linearised and can be re-run in the backward pass; with an effect in ``f``, e.g.
+    ``jax.debug.print``, ``grad`` then fails on the ``while_loop``)."""
+    params, x, z0 = jax.tree_util.tree_map(_no_gradient, (params, x, z0))
+    return solver(lambda z: f(params, x, z), z0)
+
+
+def _no_gradient(leaf: Any) -> Any:
+    """``stop_gradient`` of a float array leaf; anything else (ints, keys, Python values) as is."""
+    if isinstance(leaf, jax.Array) and jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
+        return jax.lax.stop_gradient(leaf)
+    return leaf
 
 
 def _straight_through(z_star: PyTree, z_grad: PyTree) -> PyTree:
@@ -61,16 +78,10 @@ _FALLBACK_MIN_STEPS = 24  # one GMRES cycle of restart 20 plus its bookkeeping e
 
 
 def _solver_defaults(solver: base.SolverFn) -> dict[str, Any]:
-    """The ``tol``/``stop_mode``/``atol``/``max_steps`` a solver (or a partial) runs with."""
-    try:
-        params = inspect.signature(solver).parameters
-    except (TypeError, ValueError):
-        return {}
-    out = {}
-    for name in ("tol", "stop_mode", "atol", "max_steps"):
-        if name in params and params[name].default is not inspect.Parameter.empty:
-            out[name] = params[name].default
-    return out
+    """The ``tol``/``stop_mode``/``atol``/``max_steps`` a solver (object, function or partial)
+    runs with."""
+    settings = solver_objects.describe(solver)
+    return {k: settings[k] for k in ("tol", "stop_mode", "atol", "max_steps") if k in settings}
 
 
 def default_fallback(backward_solver: base.SolverFn) -> base.SolverFn:
@@ -206,8 +217,8 @@ class PhantomAdjoint(Adjoint):
 
     def solve(self, f, solver, params, x, z0, *, backward_stats=None):
         del backward_stats  # no backward solve
-        sol = solver(lambda z: f(params, x, z), jax.lax.stop_gradient(z0))
-        z_star = jax.lax.stop_gradient(sol.value)
+        sol = _solve_without_gradient(f, solver, params, x, z0)
+        z_star = sol.value
 
         def damped_step(z, _):
             return tree.tree_axpy(self.tau, tree.tree_sub(f(params, x, z), z), z), None
@@ -227,8 +238,8 @@ class OneStepAdjoint(Adjoint):
 
     def solve(self, f, solver, params, x, z0, *, backward_stats=None):
         del backward_stats  # no backward solve
-        sol = solver(lambda z: f(params, x, z), jax.lax.stop_gradient(z0))
-        z_star = jax.lax.stop_gradient(sol.value)
+        sol = _solve_without_gradient(f, solver, params, x, z0)
+        z_star = sol.value
         z_out = _straight_through(z_star, f(params, x, z_star))
         return z_out, _stop_statistics(sol, z_out)
 

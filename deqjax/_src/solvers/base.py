@@ -45,6 +45,7 @@ keeps its own status, step count and statistics).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable, NamedTuple, Protocol
 
@@ -158,8 +159,21 @@ def status_name(status: Any) -> str | list:
     return [status_name(s) for s in arr]
 
 
+def _declared(solver: Callable[..., Any], capability: str) -> Any:
+    """What ``solver`` declares about ``capability`` (solver objects: ``loop_kinds``,
+    ``batch_native``; see ``solver_objects``), looking through ``functools.partial``; ``None``
+    when it declares nothing (then the signature is inspected)."""
+    while isinstance(solver, functools.partial):
+        solver = solver.func
+    return getattr(solver, capability, None)
+
+
 def accepts_loop_kind(solver: Callable[..., Any]) -> bool:
-    """Whether ``solver`` (a function or functools.partial) takes the ``loop=`` keyword."""
+    """Whether ``solver`` takes the ``loop=`` keyword: its declared ``loop_kinds`` (solver
+    objects), else its signature (a function, a ``functools.partial``, a user's callable)."""
+    declared = _declared(solver, "loop_kinds")
+    if declared is not None:
+        return "scan" in declared
     try:
         return "loop" in inspect.signature(solver).parameters
     except (TypeError, ValueError):
@@ -167,7 +181,11 @@ def accepts_loop_kind(solver: Callable[..., Any]) -> bool:
 
 
 def accepts_batch_ndim(solver: Callable[..., Any]) -> bool:
-    """Whether ``solver`` (a function or functools.partial) takes the ``batch_ndim=`` keyword."""
+    """Whether ``solver`` takes the ``batch_ndim=`` keyword: its declared ``batch_native`` (solver
+    objects), else its signature (a function, a ``functools.partial``, a user's callable)."""
+    declared = _declared(solver, "batch_native")
+    if declared is not None:
+        return bool(declared)
     try:
         return "batch_ndim" in inspect.signature(solver).parameters
     except (TypeError, ValueError):
