@@ -26,6 +26,7 @@ from deqjax._src.adjoints import (
 from deqjax._src.fixed_point import fixed_point
 from deqjax._src.implicit_diff import BackwardStats
 from deqjax._src.reversible_adjoint import ReversibleAdjoint
+from deqjax._src.shine import ShineAdjoint
 
 __version__ = "0.1.0"
 
@@ -36,6 +37,7 @@ __all__ = [
     "OneStepAdjoint",
     "PhantomAdjoint",
     "ReversibleAdjoint",
+    "ShineAdjoint",
     "UnrolledAdjoint",
     "data",
     "fixed_point",

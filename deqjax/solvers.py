@@ -24,7 +24,7 @@ from deqjax._src.solvers.base import (
     SolverFn,
     status_name,
 )
-from deqjax._src.solvers.broyden import broyden
+from deqjax._src.solvers.broyden import BroydenInverse, broyden
 from deqjax._src.solvers.fixed_point_iteration import fixed_point_iteration
 from deqjax._src.solvers.reversible import reversal_error, reversible
 from deqjax._src.solvers.solver_objects import (
@@ -55,6 +55,7 @@ __all__ = [
     "Solution",
     "Solver",
     "SolverFn",
+    "BroydenInverse",
     "anderson",
     "bicgstab",
     "broyden",

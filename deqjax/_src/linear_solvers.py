@@ -95,7 +95,7 @@ def _check_args(
 def _make_solution(**fields: Any) -> base.Solution:
     """A :class:`Solution` from ``fields`` (those this version's Solution has)."""
     names = base.Solution._fields
-    return base.Solution(**{name: fields[name] for name in names})
+    return base.Solution(**{name: fields[name] for name in names if name in fields})
 
 
 def _krylov_solve(

@@ -28,6 +28,7 @@ def anderson(
     loop: str = "while",
     atol: float | None = None,
     batch_ndim: int = 0,
+    sample_steps: tuple[int, ...] | None = None,
 ) -> base.Solution:
     """Solves ``z = f(z)`` by Anderson acceleration with a ring buffer of the last ``m`` iterates.
 
@@ -63,6 +64,9 @@ def anderson(
       batch_ndim: leading axes of ``z0``'s leaves that index independent problems; the Gram
         matrices (``[*batch, m, m]``) and their small solves are batched, the ring buffer slot
         (the shared step counter mod ``m``) is written with one ``dynamic_update_slice``.
+      sample_steps: ``None``, or loop steps ``s`` in ``[0, max_steps]`` whose iterates ``x_s``
+        are returned in ``Solution.samples`` (for the fixed-point correction loss; see
+        :func:`deqjax.fixed_point_correction.correction_states`).
 
     Returns:
       A :class:`~deqjax.solvers.Solution` (fields with the leading batch axes under
@@ -171,4 +175,5 @@ def anderson(
         divergence_factor=divergence_factor,
         atol=atol,
         batch_ndim=batch_ndim,
+        sample_steps=sample_steps,
     )

@@ -107,6 +107,15 @@ class Solution(NamedTuple):
       status: int32, one of ``CONVERGED``, ``MAX_STEPS``, ``DIVERGED``, ``NONFINITE``.
       f_value: pytree like ``z0``: ``f(value)``, as evaluated by the solver (no extra evaluation);
         a DEQ readout that needs ``f(z*)`` can use it.
+      samples: ``None`` unless the solver was called with ``sample_steps=(s_1, ..., s_n)``: then a
+        pytree like ``z0`` whose leaves have ``[*batch, n, ...]``: ``samples[..., i, ...]`` is the
+        iterate ``x_{s_i}`` the solver evaluated after ``s_i`` steps (``x_0 = z0``), or ``value``
+        where the problem stopped before evaluating it (for the fixed-point correction loss,
+        :mod:`deqjax.fixed_point_correction`).
+      inverse_estimate: ``None`` unless requested from a solver that keeps one
+        (``broyden(..., return_inverse=True)``): its final low-rank estimate of the inverse
+        Jacobian of ``g(z) = f(z) - z`` (a :class:`~deqjax.solvers.BroydenInverse`), which
+        :class:`~deqjax.ShineAdjoint` reuses in the backward pass.
     """
 
     value: PyTree
@@ -116,6 +125,8 @@ class Solution(NamedTuple):
     trace: jax.Array
     status: jax.Array
     f_value: PyTree = None
+    samples: PyTree = None
+    inverse_estimate: Any = None
 
     def __repr__(self) -> str:
         status = _concrete(self.status)
@@ -272,6 +283,35 @@ def check_common_args(
     return z0
 
 
+def check_sample_steps(sample_steps: Any, max_steps: int) -> tuple[int, ...] | None:
+    """Validates ``sample_steps``: ``None`` or distinct ints in ``[0, max_steps]``, sorted.
+
+    Raises:
+      ValueError: naming ``sample_steps`` and the offending entry.
+    """
+    if sample_steps is None:
+        return None
+    try:
+        steps = tuple(sample_steps)
+    except TypeError:
+        raise ValueError(
+            f"sample_steps must be None or a sequence of ints, got {sample_steps!r}."
+        ) from None
+    if not steps:
+        raise ValueError("sample_steps must be None or a non-empty sequence of ints, got ().")
+    for s in steps:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+            raise ValueError(f"sample_steps entries must be ints, got {s!r} in {sample_steps!r}.")
+        if not 0 <= s <= max_steps:
+            raise ValueError(
+                f"sample_steps entries must lie in [0, max_steps={max_steps}], got {s} in "
+                f"{sample_steps!r}."
+            )
+    if len(set(steps)) != len(steps):
+        raise ValueError(f"sample_steps entries must be distinct, got {sample_steps!r}.")
+    return tuple(sorted(int(s) for s in steps))
+
+
 class _Carry(NamedTuple):
     k: jax.Array  # int32 []: loop iterations done, shared by every problem
     x: PyTree  # the next iterate to evaluate
@@ -284,6 +324,7 @@ class _Carry(NamedTuple):
     stats: jax.Array  # [*batch, 4]: best's abs, rel and stop_mode residual; lowest abs seen
     counts: jax.Array  # int32 [*batch, 2]: status, num_steps
     trace: jax.Array  # [*batch, max_steps]
+    samples: PyTree  # () or, with sample_steps, leaves [*batch, n_samples, ...]
 
 
 _BEST_ABS, _BEST_REL, _BEST_RES, _MIN_ABS = range(4)
@@ -317,13 +358,24 @@ def solve(
     divergence_factor: float,
     atol: float | None = None,
     batch_ndim: int = 0,
+    sample_steps: tuple[int, ...] | None = None,
+    aux_output: Callable[[jax.Array, jax.Array, Any], Any] | None = None,
 ) -> Solution:
     """Runs a proposal rule on the bounded loop and assembles the :class:`Solution`.
 
     With ``batch_ndim = n`` the leading ``n`` axes of every leaf of ``z0`` index independent
     problems: one loop runs while any problem is running, ``f`` is evaluated on the whole batch
     each step, and every statistic is kept per problem (see the module docstring).
+
+    ``sample_steps`` (validated by :func:`check_sample_steps`): record the iterate evaluated at
+    loop step ``s`` (``x_s``, ``x_0 = z0``) of each problem in ``Solution.samples``; steps a
+    problem never evaluated get its ``value``. Costs one masked select over the ``n``-row sample
+    buffer per step; ``None`` keeps no buffer. ``aux_output(k, num_steps, aux)``: called once after
+    the loop with the number of loop steps run, the per-problem ``num_steps`` and the rule's final
+    state; its result becomes
+    ``Solution.inverse_estimate`` (how Broyden returns its inverse estimate).
     """
+    sample_steps = check_sample_steps(sample_steps, max_steps)
     rdtype = tree.reduction_dtype(z0)
     inf = jnp.array(jnp.inf, rdtype)
     batch_shape = tuple(jax.tree_util.tree_leaves(z0)[0].shape[:batch_ndim])
@@ -399,6 +451,20 @@ def solve(
             jnp.concatenate([c.stats[..., :3], new_min[..., None]], axis=-1),
         )
         counts = jnp.stack([status, num_steps + running.astype(jnp.int32)], axis=-1)
+        samples = c.samples
+        if sample_steps is not None:
+            # x_k (evaluated at this step) goes to the slot of step k, if k is a sample step.
+            hits = sample_ids == c.k
+            slot = jnp.argmax(hits).astype(jnp.int32)
+            record = running & jnp.any(hits)
+            if batch_ndim == 0:  # a masked select (k is batched under vmap)
+                samples = tree.tree_set_row(samples, jnp.where(record, slot, -1), c.x)
+            else:  # the shared slot, written in place
+                old = jax.tree_util.tree_map(
+                    lambda s: jax.lax.dynamic_index_in_dim(s, slot, batch_ndim, False), samples
+                )
+                row = tree.tree_where(record, c.x, old, batch_ndim)
+                samples = tree.tree_put_row(samples, slot, row, batch_ndim)
         return _Carry(
             k=c.k + 1,
             x=tree.tree_where(still, next_x, c.x, batch_ndim),
@@ -408,8 +474,14 @@ def solve(
             stats=stats,
             counts=counts,
             trace=trace,
+            samples=samples,
         )
 
+    if sample_steps is not None:
+        sample_ids = jnp.asarray(sample_steps, jnp.int32)
+        samples0 = tree.tree_stack_zeros(z0, len(sample_steps), batch_ndim)
+    else:
+        samples0 = ()
     init = _Carry(
         k=jnp.zeros((), jnp.int32),
         x=z0,
@@ -421,8 +493,19 @@ def solve(
             [jnp.full(batch_shape, _RUNNING, jnp.int32), jnp.zeros(batch_shape, jnp.int32)], -1
         ),
         trace=jnp.full(batch_shape + (max_steps,), jnp.inf, rdtype),
+        samples=samples0,
     )
     c = loop_lib.bounded_while_loop(cond_fun, body_fun, init, max_steps=max_steps, loop=loop)
+    samples = None
+    if sample_steps is not None:
+        # Steps a problem did not reach (it stopped first) hold its returned value.
+        late = sample_ids >= c.counts[..., 1:2]  # [*batch, n]: x_s was never evaluated
+
+        def fill(s, best):
+            mask = late.reshape(late.shape + (1,) * (s.ndim - late.ndim))
+            return jnp.where(mask, jnp.expand_dims(best, batch_ndim), s)
+
+        samples = jax.tree_util.tree_map(fill, c.samples, c.best_x)
     return Solution(
         value=c.best_x,
         num_steps=c.counts[..., 1],
@@ -431,4 +514,6 @@ def solve(
         trace=c.trace,
         status=c.counts[..., 0],
         f_value=c.best_fx,
+        samples=samples,
+        inverse_estimate=None if aux_output is None else aux_output(c.k, c.counts[..., 1], c.aux),
     )

@@ -30,6 +30,37 @@ class _BroydenState(NamedTuple):
     pending: Any  # batch_ndim > 0, no line search: (u, v) of the last update, written next step
 
 
+class BroydenInverse(NamedTuple):
+    """Broyden's final estimate ``J_g^{-1} ≈ -I + sum_{i valid} u_i v_i^T`` of ``g(z) = f(z) - z``.
+
+    Returned in ``Solution.inverse_estimate`` by ``broyden(..., return_inverse=True)``. With
+    ``g = f - I`` the inverse of the DEQ's ``I - J_f`` is ``-J_g^{-1}``. Apply it with
+    :func:`inverse_matvec` / :func:`inverse_rmatvec` (the transpose, what an adjoint needs).
+
+    Attributes:
+      us: pytree like ``z0`` with leaves ``[*batch, rows, ...]``: the columns ``u_i``.
+      vs: like ``us``: the rows ``v_i^T``.
+      valid: bool ``[*batch, rows]``: which rows make up the current estimate (a limited-memory
+        restart masks the older rows out).
+    """
+
+    us: PyTree
+    vs: PyTree
+    valid: jax.Array
+
+
+def inverse_matvec(inverse: BroydenInverse, x: PyTree) -> PyTree:
+    """``J_g^{-1} x`` for the estimate ``inverse`` (per problem; ``x`` batched like it)."""
+    bn = inverse.valid.ndim - 1
+    return _matvec(inverse.us, inverse.vs, x, bn, inverse.valid, None)
+
+
+def inverse_rmatvec(inverse: BroydenInverse, x: PyTree) -> PyTree:
+    """``J_g^{-T} x`` for the estimate ``inverse`` (per problem; ``x`` batched like it)."""
+    bn = inverse.valid.ndim - 1
+    return _rmatvec(inverse.us, inverse.vs, x, bn, inverse.valid, None)
+
+
 # memory=None (or a memory above 2 blocks) on a while/python loop: the low-rank products read the
 # buffers in blocks of this many rows, only up to the last filled row, so a step costs
 # O(rows filled) and not O(max_steps).
@@ -84,6 +115,8 @@ def broyden(
     loop: str = "while",
     atol: float | None = None,
     batch_ndim: int = 0,
+    sample_steps: tuple[int, ...] | None = None,
+    return_inverse: bool = False,
 ) -> base.Solution:
     """Solves ``z = f(z)`` as the root of ``g(z) = f(z) - z`` by Broyden's method.
 
@@ -115,6 +148,18 @@ def broyden(
       atol: absolute tolerance of ``stop_mode="mixed"`` (``None``: equal to ``tol``).
       batch_ndim: leading axes of ``z0``'s leaves that index independent problems; the low-rank
         inverse updates are batched (one ``[*batch, memory, ...]`` buffer per factor).
+      sample_steps: ``None``, or loop steps ``s`` in ``[0, max_steps]`` whose iterates ``x_s``
+        are returned in ``Solution.samples`` (for the fixed-point correction loss; see
+        :func:`deqjax.fixed_point_correction.correction_states`).
+
+      return_inverse: also return the final inverse-Jacobian estimate in
+        ``Solution.inverse_estimate`` (a :class:`BroydenInverse`: ``2 * rows`` iterate-sized
+        buffers, ``rows`` = ``memory`` or ``max_steps``), for :class:`~deqjax.ShineAdjoint`. It
+        is the estimate after the problem's last step. In a batch-native solve with a finite
+        ``memory``, a problem that stopped while the batch ran on long enough for the shared
+        memory slot to wrap onto its rows loses them (its estimate becomes ``J_g^{-1} ≈ -I``);
+        otherwise (always with ``memory=None``, and under ``vmap``) it equals the per-problem
+        solve's estimate.
 
     Returns:
       A :class:`~deqjax.solvers.Solution` (fields with the leading batch axes under
@@ -142,6 +187,8 @@ def broyden(
         raise ValueError(f"line_search must be a bool, got {line_search!r}.")
     if not divergence_factor > 1.0:
         raise ValueError(f"divergence_factor must be > 1, got {divergence_factor}.")
+    if not isinstance(return_inverse, bool):
+        raise ValueError(f"return_inverse must be a bool, got {return_inverse!r}.")
     mem = max_steps if memory is None else memory
     rdtype = tree.reduction_dtype(z0)
     batch_shape = tuple(jax.tree_util.tree_leaves(z0)[0].shape[:batch_ndim])
@@ -268,6 +315,30 @@ def broyden(
             else ()
         ),
     )
+
+    def inverse_output(k: jax.Array, num_steps: jax.Array, s: _BroydenState) -> BroydenInverse:
+        """The estimate after each problem's last step (``num_steps`` evaluations of its own)."""
+        us, vs = s.us, s.vs
+        if line_search:
+            # After u updates the current rows are 0 .. (u - 1) % mem (the last restart on).
+            n = jnp.where(s.num_updates > 0, (s.num_updates - 1) % mem + 1, 0)
+            valid = ids.reshape(lead + (rows,)) < n[..., None]
+            return BroydenInverse(us, vs, valid)
+        # The update of a problem's last step (index num_steps - 1) is in row (num_steps - 2) % mem
+        # (row 0 for a single step), and its current rows are 0 .. that row.
+        last = jnp.maximum(num_steps - 2, 0) % mem
+        if bn > 0:
+            # The loop's last update is still pending: write it. A problem that stopped before the
+            # loop's last step had zero rows (no update: its iterate no longer moves) written after
+            # its own rows; if they wrapped around onto its rows, its estimate restarts from -I.
+            k_last = jnp.maximum(k - 2, 0) % mem
+            us = tree.tree_put_row(us, k_last, s.pending[0], bn)
+            vs = tree.tree_put_row(vs, k_last, s.pending[1], bn)
+            intact = (k - num_steps) <= mem - 1 - last
+            last = jnp.where(intact, last, -1)
+        valid = ids.reshape(lead + (rows,)) <= last[..., None]
+        return BroydenInverse(us, vs, valid)
+
     return base.solve(
         f,
         z0,
@@ -280,4 +351,6 @@ def broyden(
         divergence_factor=divergence_factor,
         atol=atol,
         batch_ndim=batch_ndim,
+        sample_steps=sample_steps,
+        aux_output=inverse_output if return_inverse else None,
     )

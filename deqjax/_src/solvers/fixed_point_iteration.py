@@ -22,6 +22,7 @@ def fixed_point_iteration(
     loop: str = "while",
     atol: float | None = None,
     batch_ndim: int = 0,
+    sample_steps: tuple[int, ...] | None = None,
 ) -> base.Solution:
     """Solves ``z = f(z)`` by damped fixed-point iteration.
 
@@ -42,6 +43,9 @@ def fixed_point_iteration(
       atol: absolute tolerance of ``stop_mode="mixed"`` (``None``: equal to ``tol``).
       batch_ndim: the number of leading axes of every leaf of ``z0`` that index independent
         problems, solved together in one loop with per-problem stopping (0: one problem).
+      sample_steps: ``None``, or loop steps ``s`` in ``[0, max_steps]`` whose iterates ``x_s``
+        are returned in ``Solution.samples`` (for the fixed-point correction loss; see
+        :func:`deqjax.fixed_point_correction.correction_states`).
 
     Returns:
       A :class:`~deqjax.solvers.Solution` (fields with the leading batch axes under
@@ -86,4 +90,5 @@ def fixed_point_iteration(
         divergence_factor=divergence_factor,
         atol=atol,
         batch_ndim=batch_ndim,
+        sample_steps=sample_steps,
     )
