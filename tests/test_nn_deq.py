@@ -204,13 +204,16 @@ def test_init_skips_the_solve_by_default_and_can_solve():
 
 
 def test_jacobian_penalty_matches_exact_frobenius_and_has_gradients(base):
+    """The one JR path: JacobianRegularizer.penalty on DEQ.solve's cell map."""
     x, params, _ = base
+    reg = dq.regularization.JacobianRegularizer(1.0, num_samples=4000)
 
     def forward(x):
         deq = nn.DEQ(TinyCell(), solver=SOLVER, init_state=zeros_state)
-        out = deq.solve(x, jacobian_samples=4000, jacobian_key=jax.random.PRNGKey(5))
+        out = deq.solve(x)
+        est, _ = reg.penalty(out.cell_fn, out.z_star, jax.random.PRNGKey(5))
         jac = jax.jacobian(out.cell_fn)(jax.lax.stop_gradient(out.z_star))  # [B, D, B, D]
-        return out.jacobian_frobenius_sq, jnp.sum(jac**2) / (B * D)  # J is block-diagonal
+        return est, jnp.sum(jac**2) / (B * D)  # J is block-diagonal
 
     t = hk.transform(forward)
 
@@ -225,6 +228,61 @@ def test_jacobian_penalty_matches_exact_frobenius_and_has_gradients(base):
     assert abs(float(est) / float(exact) - 1.0) < 0.1  # rel. std <= sqrt(2/4000) ~ 0.02
     g_w = g["deq/lifted/tiny_cell/weight_norm"]
     assert np.all(np.isfinite(np.asarray(g_w["v"]))) and float(jnp.max(jnp.abs(g_w["v"]))) > 0
+
+
+def test_jacobian_gate_is_drawn_in_the_graph_one_compile(base):
+    """p < 1: the Bernoulli gate is a traced coin, so one compiled step applies the penalty on
+    some keys and skips it (exactly 0) on others."""
+    x, params, _ = base
+    reg = dq.regularization.JacobianRegularizer(2.0, p=0.5)
+    traces = []
+
+    def forward(x, key):
+        traces.append(1)
+        out = nn.DEQ(TinyCell(), solver=SOLVER, init_state=zeros_state).solve(x)
+        return reg.penalty(out.cell_fn, out.z_star, key)
+
+    apply = jax.jit(hk.transform(forward).apply)
+    applied = []
+    for i in range(12):
+        term, m = apply(params, jax.random.PRNGKey(0), x, jax.random.PRNGKey(i))
+        applied.append(float(m["jr/applied"]))
+        assert (float(term) > 0) == bool(applied[-1])
+    assert 0 < sum(applied) < 12 and len(traces) == 1
+
+
+def test_deprecated_jacobian_samples_is_the_regularizer_estimate(base):
+    x, params, _ = base
+    key = jax.random.PRNGKey(5)
+
+    def forward(x):
+        out = nn.DEQ(TinyCell(), solver=SOLVER, init_state=zeros_state).solve(
+            x, jacobian_samples=3, jacobian_key=key
+        )
+        want, _ = dq.regularization.JacobianRegularizer(1.0, num_samples=3).penalty(
+            out.cell_fn, out.z_star, key
+        )
+        return out.jacobian_frobenius_sq, want
+
+    with pytest.warns(DeprecationWarning, match="JacobianRegularizer"):
+        got, want = hk.transform(forward).apply(params, jax.random.PRNGKey(0), x)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_call_returns_one_type(base):
+    x, params, _ = base
+
+    def forward(x, **kw):
+        return nn.DEQ(TinyCell(), solver=SOLVER, init_state=zeros_state)(x, **kw)
+
+    t = hk.transform(forward)
+    for kw in ({}, {"is_training": False}):
+        out = t.apply(params, jax.random.PRNGKey(0), x, **kw)
+        assert isinstance(out, tuple) and len(out) == 2
+        assert isinstance(out[1], dq.solvers.Solution)
+    for gone in ("full_output", "jacobian_samples"):
+        with pytest.raises(TypeError, match=gone):
+            t.apply(params, jax.random.PRNGKey(0), x, **{gone: 1})
 
 
 def test_initial_state_sources_and_plain_function_cells():
@@ -277,10 +335,14 @@ def test_bad_configuration_raises():
 
         return hk.transform(f).init(jax.random.PRNGKey(0), jnp.zeros((2, 3)))
 
+    def solve_full(**kw):
+        def f(x):
+            return nn.DEQ(lambda z, x: z, solver=SOLVER).solve(x, **kw)
+
+        return hk.transform(f).init(jax.random.PRNGKey(0), jnp.zeros((2, 3)))
+
     with pytest.raises(ValueError, match="jacobian_samples"):
-        solve(jacobian_samples=-1)
-    with pytest.raises(ValueError, match="full_output"):
-        solve(jacobian_samples=1)
+        solve_full(jacobian_samples=-1)
     with pytest.raises(ValueError, match="batch"):
         solve(z0=jnp.zeros((3, 3)))
     with pytest.raises(ValueError, match="z0"):

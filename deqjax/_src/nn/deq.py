@@ -70,35 +70,43 @@ allows inside a transform — only ``hk.while_loop`` refuses to run during init)
 is used when ``is_training=False`` (the papers solve with fewer steps or looser tolerance at
 inference).
 
-**Jacobian regularisation (JR paper Eq. 4).** ``DEQ.solve(...)`` (= ``deq(..., full_output=True)``)
-returns a :class:`DEQOutput` ``(z_star, solution, cell_fn, jacobian_frobenius_sq, f_star)``.
-``f_star`` is ``f(z*)`` as the solver already evaluated it (``Solution.f_value``; no extra cell
-evaluation), for readouts such as MDEQ's that read the cell output at the equilibrium. ``cell_fn``
+**One return type; what else a forward pass offers.** ``deq(x, z0)`` always returns ``(z_star,
+solution)`` (``solution.f_value`` is ``f(z*)`` as the solver evaluated it). ``DEQ.solve(...)`` runs
+the same forward pass and returns a :class:`DEQOutput` ``(z_star, solution, cell_fn,
+jacobian_frobenius_sq, f_star)``: ``f_star`` is ``f(z*)`` with the gradient of ``z*`` (no extra cell
+evaluation), for readouts such as MDEQ's that read the cell output at the equilibrium; ``cell_fn``
 is ``z ↦ f_θ(z; x)`` of this very forward pass (same parameters, masks, key; batched like
-``z_star``) for external regularisers, e.g.
-``dq.jacobian.frobenius_sq(out.cell_fn, stop_gradient(out.z_star), key)`` under a Bernoulli gate;
-``jacobian_samples=M > 0`` fills ``jacobian_frobenius_sq`` with the Hutchinson estimate
-``‖J_f(z*)‖²_F / d`` at ``stop_gradient(z*)`` (the batch mean of per-example values), differentiable
-w.r.t. the cell parameters (as in the JR reference code, no gradient flows through ``z*`` itself).
+``z_star``) for regularisers and diagnostics. **Jacobian regularisation (JR paper Eq. 4)** has one
+path: ``dq.regularization.JacobianRegularizer(gamma, p=..., num_samples=...).penalty(out.cell_fn,
+out.z_star, key, step)``, whose Bernoulli gate is drawn in the graph (one compiled step, the
+estimator skipped by ``lax.cond`` when the coin says no) and whose estimate is taken at
+``stop_gradient(z*)``, differentiable w.r.t. the cell parameters (as in the JR reference code).
+``solve(jacobian_samples=M)`` is a deprecated shim over that regulariser with ``p = 1``.
+
+**Solvers.** ``solver`` is any ``(f, z0) -> Solution``: a solver object
+(``dq.solvers.Anderson(max_steps=30, tol=1e-3)``, frozen and printable, so a config can log it), a
+solver function or a ``functools.partial`` of one. Whether the batch-native mode applies is read
+from the object's declared ``batch_native`` (a function's or partial's signature otherwise), and
+an object is set to ``batch_ndim=1`` by ``replace`` so it stays an object. The forward solve runs
+once per call: ``init`` skips it (see **Init**), and no adjoint re-runs it under ``grad``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import threading
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import adjoints, tree
+from deqjax._src import adjoints, checks, jacobian_regularization, tree
 from deqjax._src import fixed_point as fixed_point_lib
-from deqjax._src import jacobian as jacobian_lib
 from deqjax._src.solvers import anderson as anderson_lib
-from deqjax._src.solvers import base
+from deqjax._src.solvers import base, solver_objects
 
 PyTree = Any
 Cell = Callable[..., PyTree]
@@ -175,10 +183,11 @@ class DEQOutput(NamedTuple):
         a leading batch axis (``num_steps`` ``[B]``, ``trace`` ``[B, max_steps]``...).
       cell_fn: ``z ↦ f_θ(z; x)`` of this forward pass (same parameters, dropout masks and key),
         batched like ``z_star``; differentiable in the parameters. Use it only inside the same
-        Haiku transform (it closes over traced values), e.g. for Jacobian regularisers.
-      jacobian_frobenius_sq: Hutchinson estimate of ``‖J_f(z*)‖²_F / d`` at ``stop_gradient(z*)``
-        (JR paper, Eq. 3–4; the batch mean of per-example values), differentiable in the cell
-        parameters; ``None`` unless ``jacobian_samples > 0``.
+        Haiku transform (it closes over traced values), e.g. for
+        ``JacobianRegularizer.penalty(out.cell_fn, out.z_star, key, step)``.
+      jacobian_frobenius_sq: deprecated (``None`` unless ``solve(jacobian_samples=M > 0)``): the
+        Hutchinson estimate of ``‖J_f(z*)‖²_F / d`` (JR paper Eq. 3–4) by
+        ``JacobianRegularizer(1.0, num_samples=M)``.
       f_star: ``f(z*)``, the cell output at the returned equilibrium as the solver evaluated it
         (``solution.f_value``, no extra cell evaluation; ``None`` when the solver returns no
         ``f_value``). Its value is ``f(z*)``; its gradient is that of ``z_star``
@@ -208,6 +217,19 @@ def _unsolved(shapes: base.Solution, value: PyTree) -> base.Solution:
         trace=full(shapes.trace, jnp.inf),
         status=full(shapes.status, base.MAX_STEPS),
         f_value=value,
+        samples=_unsolved_samples(shapes, value),
+    )
+
+
+def _unsolved_samples(shapes: base.Solution, value: PyTree) -> PyTree:
+    """``Solution.samples`` of "no solve ran" (solver given ``sample_steps``): ``value`` each."""
+    if shapes.samples is None:
+        return None
+    bn = len(shapes.status.shape)  # the sample axis follows the batch axes
+    return jax.tree_util.tree_map(
+        lambda s, v: jnp.broadcast_to(jnp.expand_dims(v, bn), s.shape).astype(s.dtype),
+        shapes.samples,
+        value,
     )
 
 
@@ -370,47 +392,35 @@ class DEQ(hk.Module):
         z0: PyTree | None = None,
         *,
         is_training: bool = True,
-        jacobian_samples: int = 0,
-        jacobian_key: jax.Array | None = None,
-        full_output: bool = False,
         backward_stats: Any = None,
-    ) -> tuple[PyTree, base.Solution] | DEQOutput:
-        """Solves for the equilibrium.
+    ) -> tuple[PyTree, base.Solution]:
+        """Solves for the equilibrium; always returns ``(z_star, solution)``.
 
         Args:
           x: the input (injection), a pytree with a leading batch axis ``[B, ...]``.
           z0: initial state (e.g. the previous segment's equilibrium); ``None``: see
             ``init_state``.
           is_training: selects ``solver`` vs ``eval_solver``; passed to the cell if it accepts it.
-          jacobian_samples: ``M`` probe vectors for ``DEQOutput.jacobian_frobenius_sq`` (JR paper
-            Eq. 4); 0 (default) skips the estimate. Needs ``full_output=True``.
-          jacobian_key: key of the probes; ``None``: ``hk.next_rng_key()``.
-          full_output: return a :class:`DEQOutput` instead of ``(z_star, solution)`` (same as
-            :meth:`solve`).
           backward_stats: a :class:`~deqjax.BackwardStats` probe passed to
             :func:`deqjax.fixed_point`: differentiate the loss with respect to it (pass it into
             ``apply``) to receive the implicit backward solves' statistics, summed over examples.
 
         Returns:
-          ``(z_star, solution)``, or a :class:`DEQOutput` if ``full_output``.
+          ``(z_star, solution)``: the equilibrium (differentiable per ``adjoint``) and the forward
+          :class:`~deqjax.solvers.Solution` (``solution.f_value`` is ``f(z*)`` as the solver
+          evaluated it). :meth:`solve` returns the cell map of this forward pass too.
 
         Raises:
-          ValueError: for a bad ``jacobian_samples``, ``z0`` not a float pytree, or (per-example
-            mode) leaves of ``x``/``z0`` without a common leading batch axis.
+          ValueError: for ``z0`` not a float pytree, or (per-example mode) leaves of ``x``/``z0``
+            without a common leading batch axis.
         """
-        if isinstance(jacobian_samples, bool) or not isinstance(jacobian_samples, int):
-            raise ValueError(f"jacobian_samples must be an int >= 0, got {jacobian_samples!r}.")
-        if jacobian_samples < 0:
-            raise ValueError(f"jacobian_samples must be an int >= 0, got {jacobian_samples}.")
-        if jacobian_samples and not full_output:
-            raise ValueError("jacobian_samples > 0 needs full_output=True (or use DEQ.solve).")
         if z0 is None:
             z0 = self.initial_state(x)
         tree.check_float_tree(z0, "z0")
         solver = self.solver if is_training else self.eval_solver
         mode = _mode_of(self.per_example, solver)
         if mode == _NATIVE:  # one loop for the batch, each example stopping on its own
-            solver = functools.partial(solver, batch_ndim=1)
+            solver = solver_objects.with_batch_ndim(solver, 1)
         adjoint = self.adjoint
         cell = self.cell
         pass_is_training = self._pass_is_training
@@ -470,8 +480,13 @@ class DEQ(hk.Module):
 
             def solve_one(params, x_i, z0_i, key_i):
                 z_i, sol_i = solve_batch(params, _add_batch(x_i), _add_batch(z0_i), key_i)
+                samples = sol_i.samples  # [n, 1, ...]: drop the cell's batch axis of 1
+                if samples is not None:
+                    samples = jax.tree_util.tree_map(lambda s: s[:, 0], samples)
                 return _drop_batch(z_i), sol_i._replace(
-                    value=_drop_batch(sol_i.value), f_value=_drop_batch(sol_i.f_value)
+                    value=_drop_batch(sol_i.value),
+                    f_value=_drop_batch(sol_i.f_value),
+                    samples=samples,
                 )
 
             def run_solve(params, x, z0, keys):
@@ -500,23 +515,9 @@ class DEQ(hk.Module):
             else:
                 z_star, sol = run_solve(params, x, z0, keys)
 
-        jac = None
-        if jacobian_samples > 0:
-            if jacobian_key is None:
-                jacobian_key = hk.next_rng_key()
-            jac = jacobian_lib.frobenius_sq(
-                bound_cell,
-                jax.lax.stop_gradient(z_star),
-                jacobian_key,
-                num_samples=jacobian_samples,
-            )
-        if full_output:
-            f_star = None  # a user solver may return no f_value
-            if sol.f_value is not None:
-                f_star = jax.tree_util.tree_map(
-                    lambda z, fz: z + jax.lax.stop_gradient(fz - z), z_star, sol.f_value
-                )
-            return DEQOutput(z_star, sol, bound_cell, jac, f_star)
+        # This pass's cell map, for solve() (which calls __call__: Haiku names the parameters
+        # by the method that creates them, so there is one forward method).
+        self._cell_fn = bound_cell
         return z_star, sol
 
     def solve(
@@ -525,23 +526,48 @@ class DEQ(hk.Module):
         z0: PyTree | None = None,
         *,
         is_training: bool = True,
+        backward_stats: Any = None,
         jacobian_samples: int = 0,
         jacobian_key: jax.Array | None = None,
-        backward_stats: Any = None,
     ) -> DEQOutput:
-        """``self(x, z0, ..., full_output=True)``: the :class:`DEQOutput` with the cell map and JR
-        penalty. Parameters are shared with ``__call__`` (same names).
+        """The forward pass of ``__call__`` (same arguments, same parameters), returned as a
+        :class:`DEQOutput` with this pass's cell map ``cell_fn`` and ``f_star = f(z*)``.
+
+        Jacobian regularisation (JR paper Eq. 4) goes through
+        :class:`~deqjax.regularization.JacobianRegularizer` and its in-graph Bernoulli gate:
+        ``reg.penalty(out.cell_fn, out.z_star, key, step)``.
+
+        Args:
+          x, z0, is_training, backward_stats: as in ``__call__``.
+          jacobian_samples: deprecated (use ``JacobianRegularizer``): ``M > 0`` fills
+            ``jacobian_frobenius_sq`` with ``JacobianRegularizer(1.0, num_samples=M)``'s
+            estimate of ``‖J_f(z*)‖²_F / d``.
+          jacobian_key: deprecated, the key of those probes (``None``: ``hk.next_rng_key()``).
 
         Example:
-          >>> out = deq.solve(x, jacobian_samples=1)
-          >>> loss = cross_entropy(head(out.z_star)) + gamma * out.jacobian_frobenius_sq
+          >>> reg = dq.regularization.JacobianRegularizer(gamma=2.0, p=0.4)
+          >>> out = deq.solve(x)
+          >>> jr, jr_metrics = reg.penalty(out.cell_fn, out.z_star, hk.next_rng_key())
+          >>> loss = cross_entropy(head(out.z_star)) + jr
         """
-        return self(
-            x,
-            z0,
-            is_training=is_training,
-            jacobian_samples=jacobian_samples,
-            jacobian_key=jacobian_key,
-            full_output=True,
-            backward_stats=backward_stats,
-        )
+        checks.check_int(jacobian_samples, "jacobian_samples", minimum=0)
+        z_star, sol = self(x, z0, is_training=is_training, backward_stats=backward_stats)
+        cell_fn = self._cell_fn
+        f_star = None  # a user solver may return no f_value
+        if sol.f_value is not None:
+            f_star = jax.tree_util.tree_map(
+                lambda z, fz: z + jax.lax.stop_gradient(fz - z), z_star, sol.f_value
+            )
+        jac = None
+        if jacobian_samples > 0:
+            warnings.warn(
+                "DEQ.solve(jacobian_samples=...) is deprecated: use "
+                "dq.regularization.JacobianRegularizer(gamma, p=..., num_samples=...)"
+                ".penalty(out.cell_fn, out.z_star, key, step).",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            key = hk.next_rng_key() if jacobian_key is None else jacobian_key
+            reg = jacobian_regularization.JacobianRegularizer(1.0, num_samples=jacobian_samples)
+            jac, _ = reg.penalty(cell_fn, z_star, key)
+        return DEQOutput(z_star, sol, cell_fn, jac, f_star)
