@@ -14,30 +14,40 @@
 ...     return model(tokens, mems, is_training=is_training)     # (logits, aux)
 """
 
+from deqjax._src.models.language_model import evaluate_lm, lm_loss, token_nll
 from deqjax._src.models.mdeq import MDEQClassifier, budget_solver, grid_pool
 from deqjax._src.models.sequence import (
+    ADJOINTS,
     CELLS,
     KINDS,
     SequenceBackbone,
     initial_memory,
+    make_adjoint,
     memory_shape,
     next_memory,
+    reset_memory,
     sequence_cell,
     trellis_reach,
 )
 from deqjax._src.models.sequence_model import SequenceModel
 
 __all__ = [
+    "ADJOINTS",
     "CELLS",
     "KINDS",
     "MDEQClassifier",
     "SequenceBackbone",
     "SequenceModel",
     "budget_solver",
+    "evaluate_lm",
     "grid_pool",
     "initial_memory",
+    "lm_loss",
+    "make_adjoint",
     "memory_shape",
     "next_memory",
+    "reset_memory",
     "sequence_cell",
+    "token_nll",
     "trellis_reach",
 ]

@@ -27,12 +27,13 @@ update is multiplicative, ``γ`` moves on a log scale: ``n`` consecutive raises 
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from deqjax._src import checks
 
 
 class AdaptiveGammaState(NamedTuple):
@@ -44,9 +45,7 @@ class AdaptiveGammaState(NamedTuple):
 
 
 def _check_positive(value, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a float, got {value!r}.")
-    if not (np.isfinite(value) and value > 0):
+    if not (np.isfinite(checks.check_real(value, name)) and value > 0):
         raise ValueError(f"{name} must be finite and > 0, got {value}.")
 
 
@@ -108,11 +107,7 @@ class AdaptiveGamma:
                 f"init_gamma must be in [min_gamma, max_gamma] = [{self.min_gamma}, "
                 f"{self.max_gamma}], got {self.init_gamma}."
             )
-        if (
-            isinstance(self.smoothing, bool)
-            or not isinstance(self.smoothing, numbers.Real)
-            or not 0.0 <= self.smoothing < 1.0
-        ):
+        if not 0.0 <= checks.check_real(self.smoothing, "smoothing") < 1.0:
             raise ValueError(f"smoothing must be in [0, 1), got {self.smoothing!r}.")
 
     def init(self) -> AdaptiveGammaState:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import jax
 
-from deqjax._src import implicit_diff, linear_solvers, tree
+from deqjax._src import checks, implicit_diff, linear_solvers, tree
 from deqjax._src.solvers import base, solver_objects
 
 PyTree = Any
@@ -210,8 +210,7 @@ class PhantomAdjoint(Adjoint):
     tau: float = 0.5
 
     def __post_init__(self):
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"steps must be an int >= 1, got {self.steps!r}.")
+        checks.check_positive_int(self.steps, "steps")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau must be in (0, 1], got {self.tau}.")
 

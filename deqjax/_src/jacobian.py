@@ -19,20 +19,14 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from deqjax._src import adjoints, implicit_diff, tree
+from deqjax._src import adjoints, checks, implicit_diff, tree
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers import base
 
 PyTree = Any
 MapFn = Callable[[PyTree], PyTree]
 CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
-
-
-def _check_int(value: Any, name: str, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
 
 
 def _check_key(key: Any) -> None:
@@ -86,7 +80,7 @@ def frobenius_sq(f: MapFn, z: PyTree, key: jax.Array, *, num_samples: int = 1) -
         raise ValueError(f"f must be callable, got {type(f).__name__}.")
     tree.check_float_tree(z, "z")
     _check_key(key)
-    _check_int(num_samples, "num_samples", 1)
+    checks.check_positive_int(num_samples, "num_samples")
     dtype = tree.reduction_dtype(z)
     d = tree.tree_size(z)
     _, vjp = jax.vjp(f, z)
@@ -162,7 +156,7 @@ def spectral_radius(f: MapFn, z: PyTree, key: jax.Array, *, num_steps: int = 100
         raise ValueError(f"f must be callable, got {type(f).__name__}.")
     tree.check_float_tree(z, "z")
     _check_key(key)
-    _check_int(num_steps, "num_steps", 1)
+    checks.check_positive_int(num_steps, "num_steps")
     dtype = tree.reduction_dtype(z)
     z = jax.lax.stop_gradient(jax.tree_util.tree_map(jnp.asarray, z))
     _, jvp = jax.linearize(f, z)

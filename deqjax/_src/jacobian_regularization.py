@@ -11,14 +11,13 @@ metrics. The gate ``τ`` is drawn once per call (per training step) and, when ``
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax._src import jacobian, tree
+from deqjax._src import checks, jacobian, tree
 
 PyTree = Any
 Schedule = Callable[[jax.typing.ArrayLike], jax.typing.ArrayLike]
@@ -63,22 +62,11 @@ class JacobianRegularizer:
 
     def __post_init__(self):
         if not callable(self.gamma):
-            if isinstance(self.gamma, bool) or not isinstance(self.gamma, numbers.Real):
-                raise ValueError(
-                    f"gamma must be a float >= 0 or a schedule step -> gamma, got {self.gamma!r}."
-                )
-            if not (np.isfinite(self.gamma) and self.gamma >= 0):
+            if not (np.isfinite(checks.check_real(self.gamma, "gamma")) and self.gamma >= 0):
                 raise ValueError(f"gamma must be finite and >= 0, got {self.gamma}.")
-        if isinstance(self.p, bool) or not isinstance(self.p, numbers.Real):
-            raise ValueError(f"p must be a float in [0, 1], got {self.p!r}.")
-        if not 0.0 <= self.p <= 1.0:
+        if not 0.0 <= checks.check_real(self.p, "p") <= 1.0:
             raise ValueError(f"p must be in [0, 1], got {self.p}.")
-        if (
-            isinstance(self.num_samples, bool)
-            or not isinstance(self.num_samples, (int, np.integer))
-            or self.num_samples < 1
-        ):
-            raise ValueError(f"num_samples must be an int >= 1, got {self.num_samples!r}.")
+        checks.check_positive_int(self.num_samples, "num_samples")
 
     def gamma_at(self, step: jax.typing.ArrayLike | None = None) -> jax.typing.ArrayLike:
         """The scheduled ``γ`` at ``step`` (the constant if ``gamma`` is not a schedule).

@@ -47,9 +47,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import jax.scipy.sparse.linalg as jsla
-import numpy as np
 
-from deqjax._src import tree
+from deqjax._src import checks, tree
 from deqjax._src.solvers import base
 
 PyTree = Any
@@ -240,11 +239,6 @@ def _chunk_iters(requested: int, per_iter: int, overhead: int, max_steps: int) -
     return int(max(1, min(requested, fit)))
 
 
-def _check_positive(value: int, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
-
-
 def gmres(
     f: MapFn,
     z0: PyTree,
@@ -288,7 +282,7 @@ def gmres(
       >>> sol = dq.solvers.gmres(lambda u: g + 0.9 * u, jnp.zeros(3), tol=1e-8)  # u = 10 g
     """
     z0 = _check_args(f, z0, max_steps, tol, stop_mode, atol, batch_ndim)
-    _check_positive(restart, "restart")
+    checks.check_positive_int(restart, "restart")
     size = tree.tree_size(z0)
     iters = _chunk_iters(min(restart, max(size, 1)), 1, 2, max_steps)
 
@@ -347,7 +341,7 @@ def bicgstab(
       ValueError: for invalid arguments (named in the message).
     """
     z0 = _check_args(f, z0, max_steps, tol, stop_mode, atol, batch_ndim)
-    _check_positive(chunk, "chunk")
+    checks.check_positive_int(chunk, "chunk")
     iters = _chunk_iters(chunk, 2, 1, max_steps)
 
     def chunk_solve(matvec, b, u, atol):
@@ -406,7 +400,7 @@ def normal_cg(
       ValueError: for invalid arguments (named in the message).
     """
     z0 = _check_args(f, z0, max_steps, tol, stop_mode, atol, batch_ndim)
-    _check_positive(chunk, "chunk")
+    checks.check_positive_int(chunk, "chunk")
     iters = _chunk_iters(chunk, 2, 3, max_steps)
 
     def chunk_solve(matvec, rmatvec, b, u, atol):

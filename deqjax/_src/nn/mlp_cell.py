@@ -30,6 +30,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+from deqjax._src import checks
 from deqjax._src.nn import deq as deq_lib
 from deqjax._src.nn import norms, variational_dropout, weight_norm
 
@@ -80,10 +81,7 @@ class MLPCell(hk.Module):
         if form not in FORMS:
             raise ValueError(f"form must be one of {FORMS}, got {form!r}.")
         if hidden_size is not None:
-            if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
-                raise ValueError(
-                    f"hidden_size must be a positive int or None, got {hidden_size!r}."
-                )
+            checks.check_positive_int(hidden_size, "hidden_size")
             if form == "single":
                 raise ValueError("hidden_size must be None for form='single' (W is [D, D]).")
         for arg, value in (("activation", activation), ("w_init", w_init), ("u_init", u_init)):

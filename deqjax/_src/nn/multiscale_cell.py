@@ -103,10 +103,10 @@ class MultiscaleCell(hk.Module):
             raise ValueError(
                 f"channels must be a sequence of positive ints, got {channels!r}."
             ) from e
-        if not channels or any(
-            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in channels
-        ):
+        if not channels:
             raise ValueError(f"channels must be a sequence of positive ints, got {channels!r}.")
+        for c in channels:
+            checks.check_positive_int(c, "every entry of channels")
         checks.check_positive_int(num_groups, "num_groups")
         post_groups = max(num_groups // 2, 1)
         bad = [c for c in channels if c % num_groups]
@@ -125,7 +125,7 @@ class MultiscaleCell(hk.Module):
         self.w_init = w_init
         self.weight_norm = weight_norm
         self.dropout_rate = dropout_rate
-        if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or norm_eps <= 0:
+        if not checks.check_real(norm_eps, "norm_eps") > 0:
             raise ValueError(f"norm_eps must be a positive float, got {norm_eps!r}.")
         self.norm_eps = float(norm_eps)
         variational_dropout.VariationalDropout(dropout_rate)  # validates the rate eagerly

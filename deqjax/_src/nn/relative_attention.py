@@ -11,6 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from deqjax._src import checks
+
 
 def sinusoidal_embedding(positions: jax.Array, dim: int) -> jax.Array:
     """Transformer-XL sinusoids ``[sin(p ω_k), cos(p ω_k)]``, ``ω_k = 10000^(-2k/dim)``.
@@ -25,7 +27,7 @@ def sinusoidal_embedding(positions: jax.Array, dim: int) -> jax.Array:
     Raises:
       ValueError: if ``dim`` is not a positive even integer.
     """
-    if not isinstance(dim, int) or dim <= 0 or dim % 2:
+    if checks.check_positive_int(dim, "dim") % 2:
         raise ValueError(f"dim must be a positive even integer, got {dim!r}.")
     dtype = positions.dtype
     inv_freq = 1.0 / (10000.0 ** (jnp.arange(0, dim, 2, dtype=dtype) / dim))  # [dim/2]

@@ -134,14 +134,11 @@ class TransformerCell(hk.Module):
         if d_ff is None:
             d_ff = 4 * d_model
         checks.check_positive_int(d_ff, "d_ff")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}.")
+        checks.check_real(dropout, "dropout")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}.")
-        if not isinstance(pre_ln, bool):
-            raise ValueError(f"pre_ln must be a bool, got {pre_ln!r}.")
-        if not isinstance(weight_norm, bool):
-            raise ValueError(f"weight_norm must be a bool, got {weight_norm!r}.")
+        checks.check_bool(pre_ln, "pre_ln")
+        checks.check_bool(weight_norm, "weight_norm")
         _check_initializer(w_init, "w_init")
         _check_initializer(attn_w_init, "attn_w_init")
         _check_initializer(inject_w_init, "inject_w_init")

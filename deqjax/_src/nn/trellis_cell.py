@@ -136,12 +136,10 @@ class TrellisCell(hk.Module):
                 f"{kernel_size}."
             )
         checks.check_positive_int(dilation, "dilation")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}.")
+        checks.check_real(dropout, "dropout")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}.")
-        if not isinstance(weight_norm, bool):
-            raise ValueError(f"weight_norm must be a bool, got {weight_norm!r}.")
+        checks.check_bool(weight_norm, "weight_norm")
         for arg, value in (("w_init", w_init), ("inject_w_init", inject_w_init)):
             if value is not None and not callable(value):
                 raise ValueError(f"{arg} must be an initializer or None, got {value!r}.")

@@ -14,6 +14,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+from deqjax._src import checks
 from deqjax._src.nn import deq as deq_lib
 
 
@@ -37,7 +38,7 @@ class VariationalDropout(hk.Module):
 
     def __init__(self, rate: float, *, broadcast_axes: Sequence[int] = (), name: str | None = None):
         super().__init__(name=name)
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+        if not 0.0 <= checks.check_real(rate, "rate") < 1.0:
             raise ValueError(f"rate must be a float in [0, 1), got {rate!r}.")
         try:
             self.broadcast_axes = tuple(int(a) for a in broadcast_axes)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg
 
-from deqjax._src import tree
+from deqjax._src import checks, tree
 from deqjax._src.solvers import base
 
 PyTree = Any
@@ -86,8 +86,7 @@ def anderson(
         atol=atol,
         batch_ndim=batch_ndim,
     )
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"m must be an int >= 1, got {m!r}.")
+    checks.check_positive_int(m, "m")
     if not beta > 0.0:
         raise ValueError(f"beta must be > 0, got {beta}.")
     if not lam >= 0.0:

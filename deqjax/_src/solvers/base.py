@@ -53,8 +53,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from deqjax._src import checks, tree
 from deqjax._src import loop as loop_lib
-from deqjax._src import tree
 
 PyTree = Any
 
@@ -221,20 +221,13 @@ def check_common_args(
     """
     if not callable(f):
         raise ValueError(f"f must be callable, got {type(f).__name__}.")
-    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)):
-        raise ValueError(f"max_steps must be an int, got {max_steps!r}.")
-    if max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1, got {max_steps}.")
-    if not isinstance(tol, (int, float, np.floating, np.integer)) or isinstance(tol, bool):
-        raise ValueError(f"tol must be a Python float, got {tol!r}.")
-    if not tol >= 0:  # also rejects NaN
+    checks.check_positive_int(max_steps, "max_steps")
+    if not checks.check_real(tol, "tol") >= 0:  # also rejects NaN
         raise ValueError(f"tol must be >= 0, got {tol}.")
     if stop_mode not in STOP_MODES:
         raise ValueError(f"stop_mode must be one of {STOP_MODES}, got {stop_mode!r}.")
     if atol is not None:
-        if not isinstance(atol, (int, float, np.floating, np.integer)) or isinstance(atol, bool):
-            raise ValueError(f"atol must be None or a Python float, got {atol!r}.")
-        if not atol >= 0:
+        if not checks.check_real(atol, "atol") >= 0:
             raise ValueError(f"atol must be >= 0, got {atol}.")
         if stop_mode != "mixed":
             raise ValueError(f'atol is used only with stop_mode="mixed", got {stop_mode!r}.')
@@ -243,10 +236,7 @@ def check_common_args(
             f'stop_mode="mixed" needs tol > 0 (it is the rtol of atol + tol * ||z||), got {tol}; '
             'use stop_mode="abs" for a purely absolute rule.'
         )
-    if isinstance(batch_ndim, bool) or not isinstance(batch_ndim, (int, np.integer)):
-        raise ValueError(f"batch_ndim must be an int, got {batch_ndim!r}.")
-    if batch_ndim < 0:
-        raise ValueError(f"batch_ndim must be >= 0, got {batch_ndim}.")
+    checks.check_int(batch_ndim, "batch_ndim", minimum=0)
     loop_lib.check_loop_kind(loop)
     tree.check_float_tree(z0, "z0")
     z0 = jax.tree_util.tree_map(jnp.asarray, z0)
@@ -300,8 +290,7 @@ def check_sample_steps(sample_steps: Any, max_steps: int) -> tuple[int, ...] | N
     if not steps:
         raise ValueError("sample_steps must be None or a non-empty sequence of ints, got ().")
     for s in steps:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
-            raise ValueError(f"sample_steps entries must be ints, got {s!r} in {sample_steps!r}.")
+        checks.check_int(s, "every entry of sample_steps", minimum=None)
         if not 0 <= s <= max_steps:
             raise ValueError(
                 f"sample_steps entries must lie in [0, max_steps={max_steps}], got {s} in "

@@ -7,7 +7,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import tree
+from deqjax._src import checks, tree
 from deqjax._src.solvers import base
 
 PyTree = Any
@@ -179,12 +179,8 @@ def broyden(
         atol=atol,
         batch_ndim=batch_ndim,
     )
-    if memory is not None and (
-        isinstance(memory, bool) or not isinstance(memory, int) or memory < 1
-    ):
-        raise ValueError(f"memory must be None or an int >= 1, got {memory!r}.")
-    if not isinstance(line_search, bool):
-        raise ValueError(f"line_search must be a bool, got {line_search!r}.")
+    checks.check_int(memory, "memory", allow_none=True)
+    checks.check_bool(line_search, "line_search")
     if not divergence_factor > 1.0:
         raise ValueError(f"divergence_factor must be > 1, got {divergence_factor}.")
     if not isinstance(return_inverse, bool):

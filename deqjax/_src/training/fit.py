@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import optax
 
+from deqjax._src import checks
 from deqjax._src.data.batching import BatchIterator, eval_batches, state_dict
 from deqjax._src.training.checkpoint import Checkpointer, RestoreError, all_finite
 from deqjax._src.training.evaluation import EvalFn, evaluate, make_eval_step
@@ -127,13 +128,6 @@ def _to_host(state_r: TrainState) -> TrainState:
 
     state = unreplicate(state_r._replace(carry=()))
     return state._replace(carry=jax.tree_util.tree_map(gather, state_r.carry))
-
-
-def _check_positive_int(value, name: str, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
 
 
 def fit(
@@ -253,12 +247,12 @@ def fit(
       RestoreError: ``resume`` and no checkpoint can be restored.
       NonFiniteError: ``max_nonfinite_steps`` consecutive non-finite updates.
     """
-    _check_positive_int(num_steps, "num_steps")
-    _check_positive_int(max_nonfinite_steps, "max_nonfinite_steps", allow_none=True)
-    _check_positive_int(log_every, "log_every")
-    _check_positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
-    _check_positive_int(eval_every, "eval_every", allow_none=True)
-    _check_positive_int(diagnostics_every, "diagnostics_every", allow_none=True)
+    checks.check_positive_int(num_steps, "num_steps")
+    checks.check_int(max_nonfinite_steps, "max_nonfinite_steps", allow_none=True)
+    checks.check_positive_int(log_every, "log_every")
+    checks.check_int(checkpoint_every, "checkpoint_every", allow_none=True)
+    checks.check_int(eval_every, "eval_every", allow_none=True)
+    checks.check_int(diagnostics_every, "diagnostics_every", allow_none=True)
     if not isinstance(train_data, BatchIterator):
         raise ValueError(
             f"train_data must be a deqjax.data.BatchIterator (next(), state, restore(state)), "

@@ -1,0 +1,391 @@
+"""The reversible solver and its exact reversal adjoint (issue 18; McCallum, Arora, Foster 2025)."""
+
+import functools
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import deqjax as dq
+from deqjax._src.solvers import reversible as reversible_lib
+
+D = 8
+
+
+def affine_problem(d=D, scale=0.5, seed=0, dtype=jnp.float64):
+    """``f(z) = A z + b`` with ``||A||_2 = scale``: the fixed point is ``(I - A)^{-1} b``."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(d, d))
+    a *= scale / np.linalg.norm(a, 2)
+    b = rng.normal(size=d)
+    return jnp.asarray(a, dtype), jnp.asarray(b, dtype)
+
+
+def tanh_params(d=D, scale=0.6, seed=0, dtype=jnp.float64):
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(d, d))
+    w *= scale / np.linalg.norm(w, 2)
+    return {"W": jnp.asarray(w, dtype), "b": jnp.asarray(0.1 * rng.normal(size=d), dtype)}
+
+
+def tanh_cell(p, x, z):
+    """Works for one example (z: [d]) and a batch (z: [B, d])."""
+    return jnp.tanh(z @ p["W"].T + x + jnp.broadcast_to(p["b"], z.shape))
+
+
+def rel(a, b):
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    num = max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(la, lb))
+    return num / max(float(jnp.max(jnp.abs(v))) for v in lb)
+
+
+def solver(**kw):
+    return functools.partial(dq.solvers.reversible, **kw)
+
+
+# --- forward ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "stop_mode, beta", [("abs", 0.8), ("rel", 0.8), ("mixed", 0.8), ("rel", 0.5), ("abs", 1.2)]
+)
+def test_affine_contraction_converges_to_closed_form(stop_mode, beta):
+    a, b = affine_problem()
+    sol = dq.solvers.reversible(
+        lambda z: a @ z + b, jnp.zeros(D), beta=beta, tol=1e-11, stop_mode=stop_mode, max_steps=400
+    )
+    exact = jnp.linalg.solve(jnp.eye(D) - a, b)
+    assert int(sol.status) == dq.solvers.CONVERGED
+    np.testing.assert_allclose(sol.value, exact, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(sol.f_value, a @ sol.value + b, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        float(sol.abs_residual), float(jnp.linalg.norm(a @ sol.value + b - sol.value)), rtol=1e-6
+    )
+    steps = int(sol.num_steps)
+    assert np.all(np.isfinite(sol.trace[:steps])) and np.all(np.isinf(sol.trace[steps:]))
+
+
+def test_cos_fixed_point_and_jit():
+    sol = jax.jit(lambda z0: dq.solvers.reversible(jnp.cos, z0, tol=1e-10, max_steps=200))(
+        jnp.array(1.0)
+    )
+    assert int(sol.status) == dq.solvers.CONVERGED
+    np.testing.assert_allclose(float(sol.value), 0.7390851332151607, rtol=1e-9)
+
+
+def test_iterates_are_the_papers_coupled_sequences():
+    """trace[2n] is the residual of z_n and trace[2n-1] that of y_n for the paper's scheme
+    y_{n+1} = (1-β) y_n + β f(z_n), z_{n+1} = (1-β) z_n + β f(y_{n+1}), y_0 = z_0."""
+    a, b = affine_problem(scale=0.9)
+    f = lambda z: jnp.tanh(a @ z + b)  # noqa: E731
+    beta, n = 0.7, 6
+    sol = dq.solvers.reversible(
+        f, jnp.zeros(D), beta=beta, tol=0.0, stop_mode="abs", max_steps=2 * n + 1
+    )
+    y = z = jnp.zeros(D)
+    expected = [jnp.linalg.norm(f(z) - z)]
+    for _ in range(n):
+        y = (1 - beta) * y + beta * f(z)
+        expected.append(jnp.linalg.norm(f(y) - y))
+        z = (1 - beta) * z + beta * f(y)
+        expected.append(jnp.linalg.norm(f(z) - z))
+    np.testing.assert_allclose(sol.trace, jnp.stack(expected), rtol=1e-12)
+
+
+def test_value_is_lowest_residual_and_state_pair():
+    a, b = affine_problem(scale=0.9)
+    f = lambda z: jnp.tanh(a @ z + b)  # noqa: E731
+    sol, state = dq.solvers.reversible(
+        f, jnp.zeros(D), tol=0.0, stop_mode="abs", max_steps=15, return_state=True
+    )
+    k = int(jnp.argmin(sol.trace))
+    assert int(state.steps) == k and state.beta == 0.8
+    np.testing.assert_allclose(float(sol.abs_residual), float(sol.trace[k]))
+    np.testing.assert_array_equal(state.value, sol.value)
+    # The pair steps forward to the next iterate: w_{k+1} = (1-β) w_{k-1} + β f(w_k).
+    assert float(jnp.linalg.norm(f(sol.value) - sol.value)) == pytest.approx(float(sol.trace[k]))
+
+
+def test_diverged_and_nonfinite_status():
+    sol = dq.solvers.reversible(
+        lambda z: 3.0 * z + 1.0, jnp.zeros(2), stop_mode="abs", max_steps=200
+    )
+    assert int(sol.status) == dq.solvers.DIVERGED
+    assert float(sol.abs_residual) <= 2.0  # the best iterate is not a blown-up one
+    sol = dq.solvers.reversible(lambda z: jnp.log(z - 1.0), jnp.zeros(2), max_steps=5)
+    assert int(sol.status) == dq.solvers.NONFINITE
+    assert np.all(np.isfinite(sol.value))
+
+
+def test_batch_native_equals_vmap_with_per_problem_stopping():
+    p = tanh_params(scale=0.9)
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(5, D))) * jnp.array(
+        [[0.01], [0.1], [1.0], [3.0], [0.5]]
+    )
+    kw = dict(tol=1e-8, max_steps=80)
+    native = dq.solvers.reversible(
+        lambda z: tanh_cell(p, x, z), jnp.zeros((5, D)), batch_ndim=1, **kw
+    )
+    vmapped = jax.vmap(
+        lambda xi: dq.solvers.reversible(lambda z: tanh_cell(p, xi, z), jnp.zeros(D), **kw)
+    )(x)
+    assert len(set(np.asarray(native.num_steps).tolist())) > 1  # problems stop at different steps
+    np.testing.assert_array_equal(native.num_steps, vmapped.num_steps)
+    np.testing.assert_array_equal(native.status, vmapped.status)
+    np.testing.assert_allclose(native.value, vmapped.value, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(native.trace, vmapped.trace, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"beta": 1.0}, "beta"),
+        ({"beta": 0.0}, "beta"),
+        ({"beta": 2.0}, "beta"),
+        ({"beta": -0.3}, "beta"),
+        ({"beta": "0.5"}, "beta"),
+        ({"beta": True}, "beta"),
+        ({"max_steps": 0}, "max_steps"),
+        ({"tol": -1.0}, "tol"),
+        ({"stop_mode": "max"}, "stop_mode"),
+        ({"divergence_factor": 1.0}, "divergence_factor"),
+        ({"return_state": 1}, "return_state"),
+        ({"batch_ndim": 2}, "batch_ndim"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dq.solvers.reversible(jnp.cos, jnp.zeros(3), **kwargs)
+
+
+def test_adjoint_refuses_other_solvers():
+    def run(s):
+        return dq.fixed_point(
+            tanh_cell,
+            tanh_params(),
+            jnp.zeros(D),
+            jnp.zeros(D),
+            solver=s,
+            adjoint=dq.ReversibleAdjoint(),
+        )
+
+    others = [
+        dq.solvers.anderson,
+        dq.solvers.broyden,
+        functools.partial(dq.solvers.fixed_point_iteration, damping=0.8),
+        lambda f, z0: dq.solvers.reversible(f, z0),  # no return_state: cannot be reversed
+    ]
+    for other in others:
+        with pytest.raises(ValueError, match="reversible"):
+            run(other)
+    run(solver(beta=0.6))  # accepted
+
+
+# --- gradients -------------------------------------------------------------------------------
+
+
+def _grads(adjoint, s, p, x, z0, batch_ndim=0):
+    c = jnp.asarray(np.random.default_rng(7).normal(size=z0.shape), z0.dtype)
+
+    def loss(p, x, z0):
+        z, _ = dq.fixed_point(tanh_cell, p, x, z0, solver=s, adjoint=adjoint)
+        return jnp.sum(c * z) + jnp.sum(jnp.sin(z))
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(p, x, z0)
+
+
+@pytest.mark.parametrize("beta", [0.5, 0.8])
+def test_gradient_equals_unrolled_backprop_float64(beta):
+    p = tanh_params()
+    x = jnp.asarray(np.random.default_rng(2).normal(size=D))
+    z0 = jnp.full((D,), 0.3)
+    s = solver(beta=beta, tol=1e-4, max_steps=60)
+    g_rev = _grads(dq.ReversibleAdjoint(), s, p, x, z0)
+    g_unr = _grads(dq.UnrolledAdjoint(), s, p, x, z0)
+    for a, b in zip(g_rev, g_unr):
+        assert rel(a, b) <= 1e-10
+    assert rel(g_rev[2], g_unr[2]) <= 1e-10  # z0 too
+
+
+@pytest.mark.slow
+def test_gradient_batch_native_masks_each_problem_steps():
+    """Problems reverse their own step counts: native == vmap == per-problem unrolled."""
+    p = tanh_params(scale=0.8)
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(4, D))) * jnp.array(
+        [[0.01], [0.3], [1.0], [2.0]]
+    )
+    z0 = jnp.zeros((4, D))
+    s = solver(tol=1e-3, max_steps=60)
+    steps = jax.vmap(lambda xi: s(lambda z: tanh_cell(p, xi, z), jnp.zeros(D)).num_steps)(x)
+    assert len(set(np.asarray(steps).tolist())) > 1
+    native = _grads(dq.ReversibleAdjoint(), solver(tol=1e-3, max_steps=60, batch_ndim=1), p, x, z0)
+
+    def vmap_grads(adjoint):
+        def loss(p, x, z0):
+            c = jnp.asarray(np.random.default_rng(7).normal(size=z0.shape), z0.dtype)
+            z, _ = jax.vmap(
+                lambda xi, zi: dq.fixed_point(tanh_cell, p, xi, zi, solver=s, adjoint=adjoint)
+            )(x, z0)
+            return jnp.sum(c * z) + jnp.sum(jnp.sin(z))
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(p, x, z0)
+
+    vm = vmap_grads(dq.ReversibleAdjoint())
+    unrolled = vmap_grads(dq.UnrolledAdjoint())
+    for a, b, c in zip(native, vm, unrolled):
+        assert rel(a, b) <= 1e-12 and rel(a, c) <= 1e-10
+
+
+@pytest.mark.slow
+def test_gradient_close_to_implicit_when_converged():
+    p = tanh_params()
+    x = jnp.asarray(np.random.default_rng(4).normal(size=D))
+    z0 = jnp.zeros(D)
+    g_rev = _grads(
+        dq.ReversibleAdjoint(), solver(tol=1e-9, stop_mode="abs", max_steps=200), p, x, z0
+    )
+    g_imp = _grads(
+        dq.ImplicitAdjoint(),
+        functools.partial(dq.solvers.anderson, tol=1e-12, max_steps=100),
+        p,
+        x,
+        z0,
+    )
+    assert rel(g_rev[0], g_imp[0]) < 1e-5 and rel(g_rev[1], g_imp[1]) < 1e-5
+
+
+def test_check_grads_fixed_steps():
+    p = tanh_params()
+    x = jnp.asarray(np.random.default_rng(5).normal(size=D))
+    s = solver(tol=0.0, stop_mode="abs", max_steps=9)
+
+    def out(w, x, z0):
+        z, _ = dq.fixed_point(
+            tanh_cell, {"W": w, "b": p["b"]}, x, z0, solver=s, adjoint=dq.ReversibleAdjoint()
+        )
+        return z
+
+    check_grads(out, (p["W"], x, jnp.full((D,), 0.2)), order=1, modes=["rev"], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_non_float_input_leaves_and_pytree_state():
+    p = tanh_params()
+
+    def cell(p, x, z):
+        feats, idx = x
+        a, b = z
+        h = jnp.tanh(a @ p["W"].T + feats[idx] + p["b"])
+        return h, 0.5 * jnp.tanh(b + h[:2])
+
+    x = (jnp.linspace(-1.0, 1.0, D), jnp.arange(D)[::-1])
+    z0 = (jnp.zeros(D), jnp.zeros(2))
+
+    def loss(p, feats, adjoint):
+        z, _ = dq.fixed_point(cell, p, (feats, x[1]), z0, solver=solver(tol=1e-4), adjoint=adjoint)
+        return jnp.sum(z[0] ** 2) + jnp.sum(z[1])
+
+    g1 = jax.grad(loss, (0, 1))(p, x[0], dq.ReversibleAdjoint())
+    g2 = jax.grad(loss, (0, 1))(p, x[0], dq.UnrolledAdjoint())
+    assert rel(g1, g2) <= 1e-10
+
+
+@pytest.mark.slow
+def test_deq_module_native_and_vmap_modes():
+    d, b = 6, 5
+    w_init = hk.initializers.VarianceScaling(0.3)
+
+    def forward(x, per_example, adjoint):
+        cell = lambda z, x: jnp.tanh(hk.Linear(d, w_init=w_init, name="w")(z) + x)  # noqa: E731
+        deq = dq.nn.DEQ(
+            cell, solver=solver(tol=1e-3, max_steps=60), adjoint=adjoint, per_example=per_example
+        )
+        z, sol = deq(x)
+        return jnp.sum(jnp.sin(z)), sol
+
+    x = (
+        jax.random.normal(jax.random.PRNGKey(0), (b, d), jnp.float64)
+        * jnp.arange(1.0, b + 1)[:, None]
+    )
+    grads, steps = {}, {}
+    for mode, adjoint in [
+        (True, dq.ReversibleAdjoint()),
+        ("vmap", dq.ReversibleAdjoint()),
+        (True, dq.UnrolledAdjoint()),
+    ]:
+        t = hk.without_apply_rng(
+            hk.transform(functools.partial(forward, per_example=mode, adjoint=adjoint))
+        )
+        params = t.init(jax.random.PRNGKey(1), x)
+        g, sol = jax.jit(jax.grad(t.apply, has_aux=True))(params, x)
+        key = (mode, type(adjoint).__name__)
+        grads[key], steps[key] = g, np.asarray(sol.num_steps)
+    ref = grads[True, "UnrolledAdjoint"]
+    assert len(set(steps[True, "ReversibleAdjoint"].tolist())) > 1  # per-example stopping
+    np.testing.assert_array_equal(
+        steps[True, "ReversibleAdjoint"], steps["vmap", "ReversibleAdjoint"]
+    )
+    assert rel(grads[True, "ReversibleAdjoint"], ref) <= 1e-10
+    assert rel(grads["vmap", "ReversibleAdjoint"], ref) <= 1e-10
+
+
+# --- memory and reversal error ---------------------------------------------------------------
+
+
+def _temp_bytes(adjoint, max_steps, d=256):
+    p = tanh_params(d=d, seed=1)
+    x = jnp.ones(d)
+    s = solver(tol=0.0, stop_mode="abs", max_steps=max_steps)  # never stops early
+
+    def loss(p):
+        z, _ = dq.fixed_point(tanh_cell, p, x, jnp.zeros(d), solver=s, adjoint=adjoint)
+        return jnp.sum(z**2)
+
+    compiled = jax.jit(jax.grad(loss)).lower(p).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_memory_flat_in_steps_unlike_unrolled():
+    rev = {n: _temp_bytes(dq.ReversibleAdjoint(), n) for n in (10, 200)}
+    unr = {n: _temp_bytes(dq.UnrolledAdjoint(), n) for n in (10, 200)}
+    # Only the [max_steps] trace grows (8 bytes a step); the states (2 KiB each) do not.
+    assert rev[200] - rev[10] <= 190 * 8 * 4, rev
+    assert unr[200] - unr[10] >= 190 * 256 * 8, unr
+
+
+def test_reversal_error_float32_small_and_float64_tiny():
+    p64 = tanh_params(d=64, scale=0.6, seed=3)
+    x64 = jnp.asarray(np.random.default_rng(6).normal(size=64))
+    kw = dict(tol=1e-2, max_steps=50)
+    with jax.enable_x64(False):
+        p32 = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), p64)
+        x32 = jnp.asarray(x64, jnp.float32)
+        err32 = float(
+            dq.solvers.reversal_error(
+                lambda z: tanh_cell(p32, x32, z), jnp.zeros(64, jnp.float32), **kw
+            )
+        )
+    err64 = float(dq.solvers.reversal_error(lambda z: tanh_cell(p64, x64, z), jnp.zeros(64), **kw))
+    assert err32 < 1e-4 and err64 < 1e-12, (err32, err64)
+
+
+def test_reconstruct_batched_per_problem():
+    p = tanh_params()
+    x = jnp.asarray(np.random.default_rng(8).normal(size=(3, D))) * jnp.array(
+        [[0.01], [1.0], [3.0]]
+    )
+    z0 = jnp.asarray(np.random.default_rng(9).normal(size=(3, D)))
+    f = lambda z: tanh_cell(p, x, z)  # noqa: E731
+    sol, state = dq.solvers.reversible(f, z0, tol=1e-3, batch_ndim=1, return_state=True)
+    assert len(set(np.asarray(state.steps).tolist())) > 1
+    y0, z0_hat = reversible_lib.reconstruct(f, state, batch_ndim=1)
+    np.testing.assert_allclose(y0, z0, atol=1e-10)
+    np.testing.assert_allclose(z0_hat, z0, atol=1e-10)
+    err = dq.solvers.reversal_error(f, z0, tol=1e-3, batch_ndim=1)
+    assert err.shape == (3,) and float(jnp.max(err)) < 1e-9
+    # Rounding grows like (forward contraction)^-k: a tighter tolerance rebuilds z0 less well.
+    tight = dq.solvers.reversal_error(f, z0, tol=1e-8, batch_ndim=1)
+    assert float(jnp.min(tight)) > float(jnp.max(err))
