@@ -389,3 +389,35 @@ def test_reconstruct_batched_per_problem():
     # Rounding grows like (forward contraction)^-k: a tighter tolerance rebuilds z0 less well.
     tight = dq.solvers.reversal_error(f, z0, tol=1e-8, batch_ndim=1)
     assert float(jnp.min(tight)) > float(jnp.max(err))
+
+
+def test_backward_stats_report_reverse_steps_and_reversal_error():
+    p = tanh_params()
+    x = jnp.asarray(np.random.default_rng(10).normal(size=(3, D))) * jnp.array(
+        [[0.1], [1.0], [3.0]]
+    )
+    kw = dict(tol=1e-6, max_steps=80)
+    sol, state = dq.solvers.reversible(
+        lambda z: tanh_cell(p, x, z), jnp.zeros((3, D)), batch_ndim=1, return_state=True, **kw
+    )
+    errors = dq.solvers.reversal_error(
+        lambda z: tanh_cell(p, x, z), jnp.zeros((3, D)), batch_ndim=1, **kw
+    )
+
+    def loss(p, probe):
+        z, _ = dq.fixed_point(
+            tanh_cell,
+            p,
+            x,
+            jnp.zeros((3, D)),
+            solver=solver(batch_ndim=1, **kw),
+            adjoint=dq.ReversibleAdjoint(),
+            backward_stats=probe,
+        )
+        return jnp.sum(z**2)
+
+    _, stats = jax.jit(jax.grad(loss, (0, 1)))(p, dq.BackwardStats.zeros(jnp.float64))
+    assert float(stats.count) == 3 and float(stats.failures) == 0 and float(stats.fallbacks) == 0
+    assert float(stats.num_steps) == int(jnp.sum(state.steps)) > 0
+    np.testing.assert_allclose(float(stats.rel_residual), float(jnp.sum(errors)), rtol=1e-6)
+    assert float(stats.rel_residual) > 0

@@ -55,19 +55,39 @@ def _join(t: PyTree, float_cotangents: list) -> PyTree:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _reversed(f, beta, batch_ndim, params, x, z0, prev, value, steps):
+def _reversed(f, beta, batch_ndim, params, x, z0, prev, value, steps, probe):
     """Identity on ``value`` whose VJP back-propagates through the ``steps`` reversible steps that
-    led from ``(z0, z0)`` to ``(prev, value)``."""
-    del f, beta, batch_ndim, params, x, z0, prev, steps
+    led from ``(z0, z0)`` to ``(prev, value)``; ``probe`` (``BackwardStats`` or None) receives the
+    reversal statistics as its cotangent."""
+    del f, beta, batch_ndim, params, x, z0, prev, steps, probe
     return value
 
 
-def _reversed_fwd(f, beta, batch_ndim, params, x, z0, prev, value, steps):
-    return value, (params, x, z0, prev, value, steps)
+def _reversed_fwd(f, beta, batch_ndim, params, x, z0, prev, value, steps, probe):
+    return value, (params, x, z0, prev, value, steps, probe)
+
+
+def _reversal_stats(batch_ndim, z0, value, y0_hat, z0_hat, steps, probe):
+    """Per-solve sums for the BackwardStats channel: count, reverse steps, reversal error (as
+    ``rel_residual``), failures (a non-finite rebuilt start), no fallbacks."""
+    err = jnp.maximum(
+        tree.tree_norm(tree.tree_sub(y0_hat, z0), batch_ndim),
+        tree.tree_norm(tree.tree_sub(z0_hat, z0), batch_ndim),
+    )
+    scale = jnp.maximum(tree.tree_norm(z0, batch_ndim), tree.tree_norm(value, batch_ndim))
+    err = err / jnp.maximum(scale, jnp.finfo(scale.dtype).tiny)
+    fields = (
+        (steps >= 0).astype(err.dtype),  # ones, batched like steps (ones_like is not, under vmap)
+        steps.astype(err.dtype),
+        err,
+        (~jnp.isfinite(err)).astype(err.dtype),
+        jnp.zeros_like(err),
+    )
+    return type(probe)(*(jnp.sum(a).astype(p.dtype) for a, p in zip(fields, probe)))
 
 
 def _reversed_bwd(f, beta, batch_ndim, residuals, g_value):
-    params, x, z0, prev, value, steps = residuals
+    params, x, z0, prev, value, steps, probe = residuals
     p_leaves, p_rebuild = _split(params)
     x_leaves, x_rebuild = _split(x)
 
@@ -112,9 +132,12 @@ def _reversed_bwd(f, beta, batch_ndim, residuals, g_value):
         tree.tree_zeros_like(p_leaves),
         tree.tree_zeros_like(x_leaves),
     )
-    _, _, _, g_a, g_b, gp, gx = jax.lax.while_loop(cond_fun, body_fun, init)
+    _, y0_hat, z0_hat, g_a, g_b, gp, gx = jax.lax.while_loop(cond_fun, body_fun, init)
     # The pair is back at (w_{-1}, w_0) = (z0, z0): z0's cotangent is the sum of both slots.
     g_z0 = tree.tree_add(g_a, g_b)
+    g_probe = None
+    if probe is not None:
+        g_probe = _reversal_stats(batch_ndim, z0, value, y0_hat, z0_hat, steps, probe)
     return (
         _join(params, gp),
         _join(x, gx),
@@ -122,6 +145,7 @@ def _reversed_bwd(f, beta, batch_ndim, residuals, g_value):
         tree.tree_zeros_like(prev),
         tree.tree_zeros_like(value),
         np.zeros(np.shape(steps), jax.dtypes.float0),
+        g_probe,
     )
 
 
@@ -162,11 +186,14 @@ class ReversibleAdjoint(adjoints.Adjoint):
     from long before the returned one are rebuilt inaccurately once the forward has converged far
     (tight ``tol``, many steps, float32); the cotangent reaching them shrinks at the forward's
     (slower) convergence rate. Check a configuration with :func:`deqjax.solvers.reversal_error`
-    (and BENCHMARKS.md, "Reversible solver"). ``backward_stats`` receives no statistics.
+    (and BENCHMARKS.md, "Reversible solver"), or pass a :class:`~deqjax.BackwardStats` probe:
+    the reverse pass reports, per problem, ``num_steps`` = steps reversed (VJPs of ``f``),
+    ``rel_residual`` = the reversal error ``max(‖ŷ_0 − z_0‖, ‖ẑ_0 − z_0‖) / max(‖z_0‖, ‖z*‖)``
+    of the start it rebuilt (free: the reverse pass computes it anyway), ``failures`` = problems
+    whose rebuilt start is not finite, ``fallbacks`` = 0.
     """
 
     def solve(self, f, solver, params, x, z0, *, backward_stats=None):
-        del backward_stats  # no backward solve
         if not _accepts_return_state(solver):
             raise ValueError(
                 "ReversibleAdjoint needs the reversible solver, dq.solvers.reversible (or a "
@@ -190,6 +217,15 @@ class ReversibleAdjoint(adjoints.Adjoint):
         sol, state = out
         batch_ndim = sol.status.ndim
         z_out = _reversed(
-            f, state.beta, batch_ndim, params, x, z0, state.prev, state.value, state.steps
+            f,
+            state.beta,
+            batch_ndim,
+            params,
+            x,
+            z0,
+            state.prev,
+            state.value,
+            state.steps,
+            backward_stats,
         )
         return z_out, adjoints._stop_statistics(sol, z_out)
