@@ -25,7 +25,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import time
 
@@ -83,7 +82,7 @@ def setup(args):
 
 def build(kind: str, args, vocab: int, depth: int) -> hk.Transformed:
     """``apply(params, rng, tokens, mems, is_training) -> (logits, aux)``."""
-    solver = functools.partial(dq.solvers.anderson, max_steps=args.max_steps, tol=args.tol, m=5)
+    solver = dq.solvers.Anderson(max_steps=args.max_steps, tol=args.tol, m=5)
     reg = dq.regularization.JacobianRegularizer(args.jr_gamma) if args.jr_gamma > 0 else None
 
     def forward(tokens, mems, is_training):

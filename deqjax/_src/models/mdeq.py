@@ -43,7 +43,7 @@ from deqjax._src.models import jr_aux
 from deqjax._src.nn import deq as deq_lib
 from deqjax._src.nn import multiscale_cell, norms
 from deqjax._src.solvers import anderson as anderson_lib
-from deqjax._src.solvers import base
+from deqjax._src.solvers import base, solver_objects, summary
 
 PyTree = Any
 
@@ -58,7 +58,7 @@ def budget_solver(budget: int, *, tol: float, m: int = 5) -> base.SolverFn:
     """
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be an int >= 1, got {budget!r}.")
-    return functools.partial(anderson_lib.anderson, max_steps=budget, tol=tol, m=m)
+    return solver_objects.Anderson(max_steps=budget, tol=tol, m=m)
 
 
 def grid_pool(z: jax.Array, grid: int) -> jax.Array:
@@ -173,7 +173,8 @@ class MDEQClassifier(hk.Module):
           step: the training step, for a ``regularizer`` whose ``gamma`` is a schedule.
 
         Returns:
-          ``(logits [B, num_classes], aux)``: ``aux["nfe"]`` ``[B]`` (cell evaluations the
+          ``(logits [B, num_classes], aux)``: ``aux["solver"]`` (``dq.solvers.summarize`` of
+          the forward solve), ``aux["nfe"]`` ``[B]`` (cell evaluations the
           prediction depends on), ``aux["residual"]`` ``[B]`` (``‖f(z) - z‖ / ‖f(z)‖`` at the
           point read, gradient stopped), ``aux["jr"]`` (the scalar JR term to add to the loss;
           0 without a regularizer or at evaluation) and its metrics ``aux["jr/..."]``,
@@ -204,6 +205,7 @@ class MDEQClassifier(hk.Module):
         diff = jax.tree.map(jnp.subtract, z_read, out.z_star)
         residual = per_example_norm(diff) / (per_example_norm(z_read) + 1e-12)
         aux: dict[str, Any] = {
+            "solver": summary.summarize(out.solution),
             "nfe": out.solution.num_steps,
             "residual": jax.lax.stop_gradient(residual),
             "readout": z_read,

@@ -43,7 +43,7 @@ from deqjax._src.models import jr_aux
 from deqjax._src.nn import deq as deq_lib
 from deqjax._src.nn import transformer_cell, trellis_cell
 from deqjax._src.solvers import anderson as anderson_lib
-from deqjax._src.solvers import base
+from deqjax._src.solvers import base, summary
 
 KINDS = ("deq", "tied", "untied")
 CELLS = ("transformer", "trellis")
@@ -238,7 +238,8 @@ class SequenceBackbone(hk.Module):
         """Runs the backbone on ``x [B, T, Dx]``; returns ``(z [B, T, D], aux)``.
 
         ``aux``: ``nfe`` (forward cell evaluations; batch mean for the DEQ), ``rel_residual``
-        (the DEQ's final ``‖f(z) - z‖ / ‖f(z)‖``, batch mean; NaN for explicit models), the JR
+        (the DEQ's final ``‖f(z) - z‖ / ‖f(z)‖``, batch mean; NaN for explicit models; the DEQ
+        adds the rest of ``dq.solvers.summarize``), the JR
         entries ``jr`` (the term to add to the loss), ``jr/frobenius_sq``, ``jr/applied`` (zeros
         for explicit models) and, when ``mems`` is given, ``new_mems`` (module docstring).
 
@@ -264,10 +265,7 @@ class SequenceBackbone(hk.Module):
             self._cell(), solver=self.solver, eval_solver=self.eval_solver, adjoint=self.adjoint
         )
         out = deq.solve(cell_input(self.cell, x, mems), is_training=is_training)
-        aux = {
-            "nfe": jnp.mean(out.solution.num_steps.astype(jnp.float32)),
-            "rel_residual": jnp.mean(out.solution.rel_residual.astype(jnp.float32)),
-        }
+        aux = summary.summarize(out.solution)  # nfe, rel_residual (batch means), ...
         aux.update(jr_aux.jr_terms(self.regularizer, out, is_training, step))
         if mems is not None:
             aux["new_mems"] = jax.lax.stop_gradient(out.z_star)
