@@ -24,6 +24,12 @@ from deqjax._src.adjoints import (
     UnrolledAdjoint,
 )
 from deqjax._src.fixed_point import fixed_point
+from deqjax._src.fixed_point_correction import (
+    correction_loss,
+    correction_states,
+    correction_weights,
+    uniform_sample_steps,
+)
 from deqjax._src.implicit_diff import BackwardStats
 from deqjax._src.reversible_adjoint import ReversibleAdjoint
 from deqjax._src.shine import ShineAdjoint
@@ -39,6 +45,9 @@ __all__ = [
     "ReversibleAdjoint",
     "ShineAdjoint",
     "UnrolledAdjoint",
+    "correction_loss",
+    "correction_states",
+    "correction_weights",
     "data",
     "fixed_point",
     "initializers",
@@ -49,4 +58,5 @@ __all__ = [
     "solvers",
     "theory",
     "training",
+    "uniform_sample_steps",
 ]

@@ -111,7 +111,7 @@ class Solution(NamedTuple):
         pytree like ``z0`` whose leaves have ``[*batch, n, ...]``: ``samples[..., i, ...]`` is the
         iterate ``x_{s_i}`` the solver evaluated after ``s_i`` steps (``x_0 = z0``), or ``value``
         where the problem stopped before evaluating it (for the fixed-point correction loss,
-        :mod:`deqjax.fixed_point_correction`).
+        :func:`deqjax.correction_states`).
       inverse_estimate: ``None`` unless requested from a solver that keeps one
         (``broyden(..., return_inverse=True)``): its final low-rank estimate of the inverse
         Jacobian of ``g(z) = f(z) - z`` (a :class:`~deqjax.solvers.BroydenInverse`), which
@@ -487,8 +487,8 @@ def solve(
     c = loop_lib.bounded_while_loop(cond_fun, body_fun, init, max_steps=max_steps, loop=loop)
     samples = None
     if sample_steps is not None:
-        # Steps a problem did not reach (it stopped first) hold its returned value.
-        late = sample_ids >= c.counts[..., 1:2]  # [*batch, n]: x_s was never evaluated
+        # Steps a problem did not reach (x_s never evaluated: it stopped first) hold its value.
+        late = sample_ids.reshape((1,) * batch_ndim + (-1,)) >= c.counts[..., 1:2]  # [*batch, n]
 
         def fill(s, best):
             mask = late.reshape(late.shape + (1,) * (s.ndim - late.ndim))
