@@ -16,6 +16,13 @@ from deqjax._src.data.batching import (
 )
 from deqjax._src.data.cache import default_cache_dir
 from deqjax._src.data.cifar10 import CIFAR10_CLASSES, load_cifar10, read_cifar10_batch
+from deqjax._src.data.copy_memory import (
+    CopyMemoryBatches,
+    CopyMemoryState,
+    copy_memory_batch,
+    copy_memory_blank_loss,
+    copy_memory_steps_to_learn,
+)
 from deqjax._src.data.digits import load_digits
 from deqjax._src.data.errors import DataFormatError, DataNotFoundError
 from deqjax._src.data.idx import (
@@ -51,6 +58,8 @@ from deqjax._src.data.wikitext import load_wikitext
 __all__ = [
     "BatchIterator",
     "CIFAR10_CLASSES",
+    "CopyMemoryBatches",
+    "CopyMemoryState",
     "DEFAULT_FASHION_MNIST_DIR",
     "DataFormatError",
     "DataNotFoundError",
@@ -62,6 +71,9 @@ __all__ = [
     "STANDIN_PREFIX",
     "SentencePieceTokenizer",
     "TFDSSplit",
+    "copy_memory_batch",
+    "copy_memory_blank_loss",
+    "copy_memory_steps_to_learn",
     "default_cache_dir",
     "encode_corpus",
     "load_cifar10",
