@@ -33,8 +33,6 @@ import tempfile
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(_ROOT, "experiments"))
-
 
 DEQ_MODES = {"native": True, "vmap": "vmap", "whole_batch": False}
 
@@ -48,30 +46,36 @@ def measure_throughput(
     default, batch-native per-example stopping), ``vmap`` (the per-example mode before issue 15:
     vmap of batch-1 solves) or ``whole_batch`` (one stop for the batch).
     """
+    import dataclasses
     import functools
 
-    import fashion_mnist as fm
     import jax
+    import jax.numpy as jnp
 
-    from deqjax import data, training
-
-    mode, _, fallback = deq_mode.partition("+")
-    if mode != "native":  # this worker process only: the main job builds dq.nn.DEQ(...)
-        fm.dqnn.DEQ = functools.partial(fm.dqnn.DEQ, per_example=DEQ_MODES[mode])
-    if fallback == "no_fallback":  # ImplicitAdjoint without the GMRES fallback solve
-        fm.dq.ImplicitAdjoint = functools.partial(fm.dq.ImplicitAdjoint, fallback=None)
+    from deqjax import data, models, training
+    from experiments import fashion_mnist as fm
 
     argv = ["--dataset", dataset, "--batch_size", str(batch_size)] + ([] if jr else ["--no_jr"])
-    args = fm.parse_args(argv)
-    train_set, _, source = fm.load_data(dataset, train_size=20 * batch_size, seed=0)
-    reg, _ = fm.make_jr(args)
-    model = fm.build_model(fm.model_config(args), regularizer=reg)
+    args = training.parse_experiment_args(fm.EXPERIMENT, argv)  # the main job's defaults
+    train_set, _, source = data.load_classification(dataset, train_size=20 * batch_size, seed=0)
+    mode, _, fallback = deq_mode.partition("+")
+    solver, adjoint = training.solvers_from_flags(args)
+    if fallback == "no_fallback":  # ImplicitAdjoint without the GMRES fallback solve
+        adjoint = dataclasses.replace(adjoint, fallback=None)
+    make = functools.partial(
+        models.MLPClassifier, args.width, solver=solver, adjoint=adjoint,
+        per_example=DEQ_MODES[mode])  # fmt: skip
+    reg, _ = training.jr_from_flags(args)
+    fns = models.classifier_fns(make, regularizer=reg, backward_solver=adjoint.solver)
+    gamma = jnp.asarray(args.gamma, jnp.float32)
+
+    def loss_fn(params, batch, key, reg_state, step):
+        return fns.loss(params, batch["image"], batch["label"], key, gamma, step)
+
     devices = jax.local_devices()
-    _, opt = fm.make_schedule_and_optimizer(args, 1000)
-    step_fn = training.make_train_step(
-        fm.make_loss_fn(model, gamma=args.gamma), opt, per_device_rng=False, devices=devices
-    )
-    params = fm.init_params(model, 0, train_set["image"])
+    _, opt = training.optimizer_from_flags(args, 1000)
+    step_fn = training.make_train_step(loss_fn, opt, per_device_rng=False, devices=devices)
+    params = fns.init(jax.random.PRNGKey(0), jnp.asarray(train_set["image"][:1]))
     state = training.replicate(
         training.create_train_state(params, opt, jax.random.PRNGKey(0)), devices
     )
@@ -124,9 +128,8 @@ def run_worker(devices: int, args, deq_mode: str = "native") -> dict:
 
 def jr_comparison(args) -> list[dict]:
     """Short main-job runs without JR, with fixed γ, with adaptive γ."""
-    import fashion_mnist as fm
-
     from deqjax import training
+    from experiments import fashion_mnist as fm
 
     variants = [
         ("no JR", ["--no_jr"]),

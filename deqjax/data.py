@@ -16,6 +16,7 @@ from deqjax._src.data.batching import (
 )
 from deqjax._src.data.cache import default_cache_dir
 from deqjax._src.data.cifar10 import CIFAR10_CLASSES, load_cifar10, read_cifar10_batch
+from deqjax._src.data.classification import CLASSIFICATION_SETS, load_classification
 from deqjax._src.data.copy_memory import (
     CopyMemoryBatches,
     CopyMemoryState,
@@ -60,6 +61,7 @@ __all__ = [
     "CIFAR10_CLASSES",
     "CopyMemoryBatches",
     "CopyMemoryState",
+    "CLASSIFICATION_SETS",
     "DEFAULT_FASHION_MNIST_DIR",
     "DataFormatError",
     "DataNotFoundError",
@@ -77,6 +79,7 @@ __all__ = [
     "default_cache_dir",
     "encode_corpus",
     "load_cifar10",
+    "load_classification",
     "load_image_dataset",
     "load_kjv",
     "load_lm_corpus",

@@ -1,5 +1,7 @@
 """Theory of DEQs at initialization (init paper): linear second moment, mean-field variance,
-Theorem 3.2 spectral radius and the predicted critical scale. Pure JAX, no Haiku.
+Theorem 3.2 spectral radius and the predicted critical scale. Pure JAX, no Haiku. Their
+Monte-Carlo counterparts on one random matrix: :func:`sample_matrix`, :func:`linear_trace`,
+:func:`forward_iteration`, :func:`jacobian_radius`.
 
 ``ensemble`` is ``"gaussian"``, ``"orthogonal"`` or ``"goe"``; ``phi`` is one of ``"tanh"``,
 ``"relu"``, ``"hardtanh"``, ``"linear"`` or an elementwise callable (``jax.grad``; exact moments
@@ -21,6 +23,13 @@ from deqjax._src.theory import (
     predicted_radius,
     spectral_radius,
 )
+from deqjax._src.theory_empirical import (
+    forward_iteration,
+    jacobian_radius,
+    linear_trace,
+    monte_carlo_rows,
+    sample_matrix,
+)
 
 __all__ = [
     "ENSEMBLES",
@@ -28,12 +37,17 @@ __all__ = [
     "PiecewiseLinear",
     "activation",
     "critical_scale",
+    "forward_iteration",
     "gaussian_expectation",
+    "jacobian_radius",
     "linear_second_moment",
+    "linear_trace",
     "mean_field_variance",
+    "monte_carlo_rows",
     "phi_prime_second_moment",
     "phi_second_moment",
     "piecewise_linear",
     "predicted_radius",
+    "sample_matrix",
     "spectral_radius",
 ]

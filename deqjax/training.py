@@ -30,6 +30,17 @@ from deqjax._src.training.distributed import (
 )
 from deqjax._src.training.evaluation import evaluate, make_eval_step
 from deqjax._src.training.fit import FitResult, NonFiniteError, fit, skip_nonfinite
+from deqjax._src.training.flags import (
+    add_jr_flags,
+    add_logging_flags,
+    add_optimization_flags,
+    add_solver_flags,
+    fit_kwargs_from_flags,
+    jr_from_flags,
+    num_steps_from_flags,
+    optimizer_from_flags,
+    solvers_from_flags,
+)
 from deqjax._src.training.metrics import (
     MetricsWriter,
     format_metrics,
@@ -39,7 +50,14 @@ from deqjax._src.training.metrics import (
     to_python,
 )
 from deqjax._src.training.optimizer import make_optimizer, make_schedule
-from deqjax._src.training.plots import line_plot, plot_metrics, save_figure
+from deqjax._src.training.plots import (
+    line_plot,
+    plot_metrics,
+    plot_panels,
+    plot_sweep,
+    pyplot,
+    save_figure,
+)
 from deqjax._src.training.run_dir import (
     RunDir,
     RunDirError,
@@ -56,9 +74,11 @@ from deqjax._src.training.runner import (
     Experiment,
     RunContext,
     UsageError,
+    parse_experiment_args,
     run,
     write_json,
 )
+from deqjax._src.training.sweep import markdown_table, short_runs, summarize_runs, write_csv
 from deqjax._src.training.train_state import (
     TrainState,
     create_train_state,
@@ -93,7 +113,11 @@ __all__ = [
     "TrainStep",
     "UsageError",
     "add_distributed_flags",
+    "add_jr_flags",
+    "add_logging_flags",
+    "add_optimization_flags",
     "add_run_flags",
+    "add_solver_flags",
     "all_finite",
     "compile_with_memory",
     "config_changes",
@@ -101,34 +125,47 @@ __all__ = [
     "distributed_config",
     "evaluate",
     "fit",
+    "fit_kwargs_from_flags",
     "format_metrics",
     "format_value",
     "initialize_distributed",
+    "jr_from_flags",
     "line_plot",
     "make_diagnostics_step",
     "make_eval_step",
     "make_optimizer",
     "make_schedule",
     "make_train_step",
+    "markdown_table",
     "nonnegative_float",
     "nonnegative_int",
+    "num_steps_from_flags",
+    "optimizer_from_flags",
+    "parse_experiment_args",
     "plot_metrics",
+    "plot_panels",
+    "plot_sweep",
     "pmap_update",
     "positive_float",
     "positive_int",
     "prepare_run_dir",
     "progress_bar",
+    "pyplot",
     "read_jsonl",
     "reduce_metrics",
     "replicate",
     "run",
     "save_figure",
     "shard",
+    "short_runs",
     "skip_nonfinite",
+    "solvers_from_flags",
+    "summarize_runs",
     "to_python",
     "train_step",
     "tree_digest",
     "unreplicate",
     "write_config",
+    "write_csv",
     "write_json",
 ]

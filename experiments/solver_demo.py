@@ -8,9 +8,10 @@ with ``W`` a Haar-random orthogonal matrix times ``--radius`` (every eigenvalue 
 ``radius``; near 1 and above, plain iteration struggles) and ``U``, ``b`` Gaussian. Each example is
 solved on its own (one batch-native solve, ``batch_ndim=1``): its step count and status are its own.
 
-Outputs in ``--out_dir``: ``config.json``, ``results.json``, ``table.md`` and ``convergence.png``
-(median and inter-quartile range over examples of the relative residual after each evaluation of
-``f``, log scale; an example that has stopped keeps its last residual).
+Outputs in ``--out_dir`` (the shared runner, ``dq.training.run``): ``config.json`` (with every
+solver object's fields), ``results.json``, ``table.md`` and ``convergence.png`` (median and
+inter-quartile range over examples of the relative residual after each evaluation of ``f``, log
+scale; an example that has stopped keeps its last residual).
 
     python experiments/solver_demo.py                  # full run, well under a minute on CPU
     python experiments/solver_demo.py --smoke          # plumbing check, a few minutes
@@ -18,24 +19,30 @@ Outputs in ``--out_dir``: ``config.json``, ``results.json``, ``table.md`` and ``
 
 from __future__ import annotations
 
-import argparse
-import functools
-import json
-import os
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
 from sklearn.datasets import load_digits
 from tqdm import tqdm
 
-from deqjax import solvers
+from deqjax import solvers, training
+from deqjax.training import positive_float, positive_int
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+SMOKE = {"width": 32, "num_examples": 64, "max_steps": 20, "repeats": 1}
+
+
+def add_flags(p) -> None:
+    g = p.add_argument_group("layer and solvers")
+    g.add_argument("--width", type=positive_int, default=256, help="state size of the layer")
+    g.add_argument("--radius", type=positive_float, default=1.1, help="|eigenvalues| of W")
+    g.add_argument("--max_steps", type=positive_int, default=60, help="solver step budget")
+    g.add_argument("--tol", type=positive_float, default=1e-4, help="relative residual")
+    g.add_argument("--memory", type=positive_int, default=10, help="limited Broyden memory")
+    g.add_argument("--num_examples", type=positive_int, default=1797, help="images (max 1797)")
+    g.add_argument("--repeats", type=positive_int, default=2, help="timed runs (median)")
 
 
 def make_layer(key: jax.Array, width: int, in_dim: int, radius: float):
@@ -49,12 +56,14 @@ def make_layer(key: jax.Array, width: int, in_dim: int, radius: float):
     return w, u, b
 
 
-def solver_suite(memory: int) -> dict[str, functools.partial]:
+def solver_suite(args) -> dict[str, solvers.Solver]:
+    """The compared solvers, as objects (their fields go to config.json)."""
+    budget = {"max_steps": args.max_steps, "tol": args.tol}
     return {
-        "fixed_point_iteration": functools.partial(solvers.fixed_point_iteration),
-        "anderson(m=5)": functools.partial(solvers.anderson, m=5),
-        "broyden(memory=None)": functools.partial(solvers.broyden),
-        f"broyden(memory={memory})": functools.partial(solvers.broyden, memory=memory),
+        "fixed_point_iteration": solvers.FixedPointIteration(**budget),
+        "anderson(m=5)": solvers.Anderson(m=5, **budget),
+        "broyden(memory=None)": solvers.Broyden(**budget),
+        f"broyden(memory={args.memory})": solvers.Broyden(memory=args.memory, **budget),
     }
 
 
@@ -67,20 +76,21 @@ def carry_forward(trace: np.ndarray) -> np.ndarray:
     return out
 
 
-def run(args: argparse.Namespace) -> dict:
-    digits = load_digits()
-    x = jnp.asarray(digits.data[: args.num_examples] / 16.0, jnp.float32)  # [N, 64]
-    w, u, b = make_layer(jax.random.PRNGKey(args.seed), args.width, x.shape[1], args.radius)
-    inj = x @ u.T + b  # [N, width]: the input injection U x + b, fixed during the solve
+def setup(args):
+    x = load_digits().data[: args.num_examples] / 16.0  # [N, 64]
+    extra = {"data": "sklearn.datasets.load_digits", "jax_version": jax.__version__}
+    return np.asarray(x, np.float32), extra | {"solvers": solver_suite(args)}
 
+
+def run(args, x, ctx) -> dict:
+    w, u, b = make_layer(jax.random.PRNGKey(args.seed), args.width, x.shape[1], args.radius)
+    inj = jnp.asarray(x) @ u.T + b  # [N, width]: the input injection U x + b, fixed in the solve
     results, traces = {}, {}
-    for name, solver in tqdm(solver_suite(args.memory).items(), desc="solvers"):
+    for name, solver in tqdm(solver_suite(args).items(), desc="solvers", disable=not args.progress):
 
         def solve_batch(inj, solver=solver):  # batch-native: each example stops on its own
             f = lambda z: jnp.tanh(z @ w.T + inj)  # noqa: E731
-            return solver(
-                f, jnp.zeros_like(inj), max_steps=args.max_steps, tol=args.tol, batch_ndim=1
-            )
+            return solver(f, jnp.zeros_like(inj), batch_ndim=1)
 
         solve = jax.jit(solve_batch)
         sol = jax.block_until_ready(solve(inj))  # compile + first run
@@ -89,13 +99,13 @@ def run(args: argparse.Namespace) -> dict:
             t0 = time.perf_counter()
             jax.block_until_ready(solve(inj))
             times.append(time.perf_counter() - t0)
-        nfe = np.asarray(sol.num_steps)
-        status = np.asarray(sol.status)
+        nfe, status = np.asarray(sol.num_steps), np.asarray(sol.status)
+        rel = np.asarray(sol.rel_residual)
         results[name] = {
             "nfe_mean": float(nfe.mean()),
             "nfe_max": int(nfe.max()),
-            "rel_residual_median": float(np.median(np.asarray(sol.rel_residual))),
-            "rel_residual_max": float(np.max(np.asarray(sol.rel_residual))),
+            "rel_residual_median": float(np.median(rel)),
+            "rel_residual_max": float(np.max(rel)),
             "frac_converged": float(np.mean(status == solvers.CONVERGED)),
             "status_counts": {
                 solvers.status_name(c): int(np.sum(status == c)) for c in solvers.STATUS_NAMES
@@ -103,7 +113,17 @@ def run(args: argparse.Namespace) -> dict:
             "time_s": statistics.median(times),
         }
         traces[name] = carry_forward(np.asarray(sol.trace, np.float64))
-    return {"results": results, "traces": traces, "num_examples": int(x.shape[0])}
+    header = (
+        f"z = tanh(W z + U x + b) on {x.shape[0]} sklearn digits, width {args.width}, "
+        f"|eig W| = {args.radius:g}, tol {args.tol:g} (rel), max_steps {args.max_steps}, float32"
+    )
+    table = header + "\n\n" + format_table(results)
+    print(table)
+    with open(ctx.path("table.md"), "w") as fh:
+        fh.write(table + "\n")
+    plot(traces, args.tol, ctx.path("convergence.png"), header.replace(", width", ",\nwidth"))
+    print(f"wrote {ctx.path('convergence.png')}")
+    return results
 
 
 def format_table(results: dict) -> str:
@@ -121,7 +141,8 @@ def format_table(results: dict) -> str:
 
 
 def plot(traces: dict, tol: float, path: str, title: str) -> None:
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    """Median and inter-quartile band of the residual traces per solver (log scale)."""
+    fig, ax = training.pyplot().subplots(figsize=(6.4, 4.2))
     for name, tr in traces.items():
         steps = np.arange(1, tr.shape[1] + 1)
         q25, q50, q75 = np.percentile(tr, [25, 50, 75], axis=0)
@@ -134,56 +155,23 @@ def plot(traces: dict, tol: float, path: str, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    training.save_figure(fig, path, dpi=120)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random layer")
-    parser.add_argument(
-        "--out_dir", type=str, default="runs/solver_demo", help="output folder (--smoke: ..._smoke)"
-    )
-    parser.add_argument("--width", type=int, default=256, help="state size of the layer")
-    parser.add_argument("--radius", type=float, default=1.1, help="|eigenvalues| of W")
-    parser.add_argument("--max_steps", type=int, default=60, help="solver step budget")
-    parser.add_argument("--tol", type=float, default=1e-4, help="relative residual")
-    parser.add_argument("--memory", type=int, default=10, help="limited Broyden memory")
-    parser.add_argument(
-        "--num_examples", type=int, default=1797, help="digits images solved (max 1797)"
-    )
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs (median)")
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="tiny run for tests (under 4 minutes on 2 CPU cores); into runs/solver_demo_smoke",
-    )
-    if parser.parse_known_args()[0].smoke:  # a smoke run never overwrites the full run
-        parser.set_defaults(out_dir="runs/solver_demo_smoke")
-    args = parser.parse_args()
-    if args.smoke:
-        args.width, args.num_examples, args.max_steps, args.repeats = 32, 64, 20, 1
+EXPERIMENT = training.Experiment(
+    name="solver_demo",
+    doc=__doc__,
+    add_flags=add_flags,
+    setup=setup,
+    run=run,
+    smoke=SMOKE,
+    resumable=False,
+    outputs=("table.md", "convergence.png"),
+)
 
-    config = dict(vars(args), data="sklearn.datasets.load_digits", jax_version=jax.__version__)
-    print(json.dumps(config, indent=2))
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "config.json"), "w") as fh:
-        json.dump(config, fh, indent=2)
 
-    out = run(args)
-    table = format_table(out["results"])
-    header = (
-        f"z = tanh(W z + U x + b) on {out['num_examples']} sklearn digits, width {args.width}, "
-        f"|eig W| = {args.radius:g}, tol {args.tol:g} (rel), max_steps {args.max_steps}, float32"
-    )
-    print(header + "\n\n" + table)
-    with open(os.path.join(args.out_dir, "table.md"), "w") as fh:
-        fh.write(header + "\n\n" + table + "\n")
-    with open(os.path.join(args.out_dir, "results.json"), "w") as fh:
-        json.dump(out["results"], fh, indent=2)
-    png = os.path.join(args.out_dir, "convergence.png")
-    plot(out["traces"], args.tol, png, header.replace(", width", ",\nwidth"))
-    print(f"wrote {png}")
+def main(argv=None) -> dict:
+    return training.run(EXPERIMENT, argv)
 
 
 if __name__ == "__main__":

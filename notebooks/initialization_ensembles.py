@@ -27,9 +27,9 @@
 
 # %%
 import functools
-import importlib.util
 import os
 import pathlib
+import subprocess
 import sys
 
 import jax
@@ -47,14 +47,8 @@ import deqjax as dq
 from deqjax import initializers, theory
 
 # The repository this deqjax was installed from (``pip install -e .``): the notebook runs from any
-# directory, and loads the experiment script by its path (no sys.path edits).
+# directory, and runs the experiment script as a program (nothing is imported from experiments/).
 ROOT = pathlib.Path(dq.__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "init_theory", ROOT / "experiments" / "init_theory.py"
-)
-init_theory = importlib.util.module_from_spec(_spec)
-sys.modules["init_theory"] = init_theory
-_spec.loader.exec_module(init_theory)
 
 FAST = os.environ.get("DEQJAX_NOTEBOOK_FAST", "0") == "1"
 OUT = pathlib.Path(
@@ -102,11 +96,12 @@ plt.show()
 # from the free-independence prediction: its empirical variance lies *above* the curve.
 
 # %%
-args = ["--quiet", "--out_dir", str(OUT / "init_theory")]
+args = ["--quiet", "--overwrite", "--out_dir", str(OUT / "init_theory")]
 args += ["--smoke"] if FAST else ["--n", "300", "--num_seeds", "1", "--num_scales", "9"]
-result = init_theory.main(args)
-for path in result["figures"].values():
-    display(Image(filename=path))
+script = ROOT / "experiments" / "init_theory.py"
+subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, cwd=ROOT)
+for name in ("fig1_linear_trace", "fig2_mean_field_q", "fig3_spectral_radius", "fig4_residual"):
+    display(Image(filename=str(OUT / "init_theory" / f"{name}.png")))
 print(open(OUT / "init_theory" / "README.md").read())
 
 # %% [markdown]

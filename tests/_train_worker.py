@@ -25,9 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from deqjax import data, training  # noqa: E402
+from deqjax import data, training
 
 NUM_CLASSES = 10
 

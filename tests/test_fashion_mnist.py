@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
 
@@ -22,11 +21,7 @@ import numpy as np
 import pytest
 
 from deqjax import data, training
-
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments")
-)
-import fashion_mnist as fm  # noqa: E402
+from experiments import fashion_mnist as fm
 
 
 def _run(argv):
@@ -90,6 +85,7 @@ def test_main_job_resumes_from_its_checkpoint(main_run):
     assert again["test"]["accuracy"] == pytest.approx(summary["test"]["accuracy"])
 
 
+@pytest.mark.slow  # ~1 min: four short runs; the main job's smoke above stays in the default lane
 def test_sweep_smoke_writes_csv_and_plot(tmp_path):
     out = str(tmp_path)
     result = _run(["--sweep", "--smoke", "--dataset", "digits", "--out_dir", out, "--no_progress"])
@@ -117,13 +113,13 @@ def test_missing_data_fails_fast_with_paths(tmp_path, capsys):
 
 
 def test_load_data_standardises_and_subsets():
-    train, test, source = fm.load_data("digits", train_size=100, test_size=50, seed=1)
+    train, test, source = data.load_classification("digits", train_size=100, test_size=50, seed=1)
     assert train["image"].shape == (100, 64) and test["image"].shape == (50, 64)
     assert train["image"].dtype == np.float32 and train["label"].dtype == np.int32
     assert abs(float(train["image"].mean())) < 1e-4
     assert float(train["image"].std()) == pytest.approx(1.0, rel=1e-3)
     with pytest.raises(ValueError, match="dataset"):
-        fm.load_data("cifar")
+        data.load_classification("cifar")
     assert isinstance(data.DataNotFoundError("x"), Exception)
 
 
@@ -236,6 +232,7 @@ def test_garbled_idx_file_is_named(tmp_path, capsys):
     assert str(garbled) in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~1-2 min: a resumed run recompiles, then trains until SIGTERM
 def test_forced_resume_appends_metrics_and_sigterm_reports_no_final_result(
     main_run, tmp_path, capsys
 ):

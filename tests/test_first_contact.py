@@ -117,7 +117,7 @@ for NAME in SCRIPTS:
             argv = ["metrics.jsonl"]
         sys.argv = [NAME, *argv]
         try:
-            runpy.run_path(os.path.join(ROOT, "experiments", NAME + ".py"), run_name="__main__")
+            runpy.run_module("experiments." + NAME, run_name="__main__")
         except Stop:
             pass
 print(json.dumps(found))
@@ -160,19 +160,14 @@ def test_smoke_runs_never_write_into_the_full_runs_folder(parsers, name):
 
 
 def test_curves_have_legends_and_no_flat_panels():
-    import importlib.util
+    from deqjax._src.training import plots
 
-    spec = importlib.util.spec_from_file_location(
-        "plot_metrics", ROOT / "experiments" / "plot_metrics.py"
-    )
-    plot_metrics = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot_metrics)
     records = []
     for step in (10, 20, 30):
         records.append({"split": "train", "step": step, "loss": 1.0 / step, "jr/gamma": 1.0})
         records.append({"split": "diagnostics", "step": step, "spectral_radius": 0.5 + step})
     records.append({"split": "eval", "step": 30, "loss": 0.05})
-    fig, names, constant = plot_metrics.make_figure(records)
+    fig, names, constant = plots.make_figure(records)
     assert names == ["loss", "spectral_radius"] and constant == {"jr/gamma": 1.0}
     panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
     assert len(panels) == 2

@@ -1,25 +1,14 @@
 """Smoke run of experiments/init_theory.py: figures and a sane CSV are written."""
 
 import csv
-import importlib.util
 import json
 import math
-import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _load_experiment():
-    spec = importlib.util.spec_from_file_location(
-        "init_theory", ROOT / "experiments" / "init_theory.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from experiments import init_theory
 
 
 def test_smoke_run_writes_figures_and_csv(tmp_path):
-    module = _load_experiment()
+    module = init_theory
     out = module.main(["--smoke", "--quiet", "--out_dir", str(tmp_path)])
     for name in module.FIGURES.values():
         path = tmp_path / name

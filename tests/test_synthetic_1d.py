@@ -1,64 +1,56 @@
-"""experiments/synthetic_1d.py (issue 5): smoke run and the JR paper's §5.1 expectation."""
+"""experiments/synthetic_1d.py (JR paper §5.1 / Fig. 5): data, model, flags, and the paper's
+expectation (|∂f/∂z| at z* and the fixed-point NFE fall as γ grows) on a short run."""
 
-import importlib.util
 import json
-import os
-import sys
 
 import jax
 import numpy as np
 import pytest
+
+import deqjax as dq
+from deqjax import training
+from experiments import synthetic_1d as s1d
 
 # optax's schedules (used by the experiment) mix int32 step counts with Python floats, which
 # jax_numpy_dtype_promotion="strict" (set in conftest) rejects: third-party code, so the runs
 # below use standard promotion. The library's own code is tested under strict promotion elsewhere.
 standard_promotion = jax.numpy_dtype_promotion("standard")
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "experiments", "synthetic_1d.py")
 
-
-@pytest.fixture(scope="module")
-def s1d():
-    spec = importlib.util.spec_from_file_location("synthetic_1d_experiment", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_data_and_model(s1d):
-    cfg = s1d.Config()
-    xt, yt, xv, yv = s1d.make_data(cfg)
+def test_data_and_model():
+    xt, yt, xv, yv = dq.models.jr_synthetic_data(0, 4096, 1000)
     assert xt.shape == (4096,) and xv.shape == (1000,) and xt.dtype == np.float32
-    resid = yt - s1d.target_fn(xt.astype(np.float64), -1)
+    resid = yt - dq.models.jr_synthetic_target(xt.astype(np.float64), -1)
     assert abs(np.std(resid) - 0.05) < 0.005  # δ ~ N(0, 0.05²), the main text's −5x
-
-    params = s1d.init_params(jax.random.key(0), cfg.hidden)
+    params = dq.models.ScalarDEQ(50).init(jax.random.key(0))
     assert sum(p.size for p in jax.tree_util.tree_leaves(params)) == 200
+    with pytest.raises(ValueError, match="hidden"):
+        dq.models.ScalarDEQ(0)
 
 
-def test_main_flags(s1d, monkeypatch):
-    # main() only parses flags and calls run(); the run itself is exercised below.
-    calls = []
-    monkeypatch.setattr(s1d, "run", lambda cfg, **kw: calls.append((cfg, kw)))
-    s1d.main(["--smoke", "--out_dir", "somewhere", "--seed", "3"])
-    cfg, kw = calls[0]
-    assert cfg.epochs == 2 and cfg.n_train == 512 and cfg.seed == 3 and kw["num_seeds"] == 1
-    s1d.main(["--epochs", "7", "--gammas", "0", "2", "--no_adaptive"])
-    cfg, kw = calls[1]
-    assert cfg.epochs == 7 and cfg.gammas == (0.0, 2.0) and not cfg.adaptive
-    assert kw["num_seeds"] == 5 and cfg.lr == 1e-2 and cfg.p == 0.4
+def test_flags():
+    args = training.parse_experiment_args(s1d.EXPERIMENT, ["--smoke", "--seed", "3"])
+    assert (args.epochs, args.n_train, args.num_seeds, args.seed) == (2, 512, 1, 3)
+    assert args.out_dir == "runs/synthetic_1d_smoke"
+    argv = ["--epochs", "7", "--gammas", "0", "2", "--no_adaptive"]
+    args = training.parse_experiment_args(s1d.EXPERIMENT, argv)
+    assert args.epochs == 7 and args.gammas == [0.0, 2.0] and args.no_adaptive
+    assert args.num_seeds == 5 and args.lr == 1e-2 and args.p == 0.4
+    assert s1d.run_names(args) == ["gamma=0", "gamma=2"]
 
 
-def test_short_run_slope_and_nfe_fall_as_gamma_grows(s1d, tmp_path):
-    # 10 epochs of the full data set, gammas {0, 1, 4} + adaptive, seed 0 (~10 s of training).
-    cfg = s1d.Config(epochs=10, n_val=500, gammas=(0.0, 1.0, 4.0), seed=0, out_dir=str(tmp_path))
+@pytest.mark.slow  # ~1-2 min: 640 steps through fit (a host sync per step for the curves)
+def test_short_run_slope_and_nfe_fall_as_gamma_grows(tmp_path):
+    # 10 epochs of the full data set, gammas {0, 1, 4} + adaptive, seed 0.
+    argv = ["--epochs", "10", "--n_val", "500", "--gammas", "0", "1", "4", "--num_seeds", "1"]
     with standard_promotion:
-        (rows,) = s1d.run(cfg, num_seeds=1, progress=False, plots=True)
+        result = s1d.main([*argv, "--out_dir", str(tmp_path), "--no_progress"])
     for name in ("config.json", "results.csv", "results.md", "history.npz", "fig5.png"):
         assert (tmp_path / name).exists(), name
+    assert (tmp_path / "adaptive_gamma.png").exists()
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["seeds"] == [0] and config["linear_sign"] == -1
+    assert config["seeds"] == [0] and config["settings"]["forward"]["max_steps"] == 6
+    (rows,) = result["per_seed"]
     assert [r["run"] for r in rows] == ["gamma=0", "gamma=1", "gamma=4", "adaptive"]
     rows = rows[:3]
     mse = [r["val_mse"] for r in rows]

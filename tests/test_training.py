@@ -4,7 +4,6 @@ Checks that need their own JAX process (a fake device count, two processes joine
 jax.distributed, runs killed and resumed) run ``tests/_train_worker.py`` in a subprocess.
 """
 
-import importlib.util
 import json
 import os
 import random
@@ -14,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import _train_worker as toy  # tests/ is on sys.path (pytest's default "prepend" import mode)
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,11 +21,10 @@ import optax
 import pytest
 
 from deqjax import data, training
+from experiments import plot_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_train_worker.py")
-sys.path.insert(0, HERE)
-import _train_worker as toy  # noqa: E402
 
 
 def _env(num_devices: int = 1) -> dict:
@@ -197,16 +196,11 @@ def test_fit_learns_digits(tmp_path):
     assert result.data_state == data.IteratorState(epoch=2, index=18)
     assert not result.interrupted and result.restored_step is None
 
-    # The plot script turns the JSONL into a PNG with one panel per metric.
-    spec = importlib.util.spec_from_file_location(
-        "plot_metrics", os.path.join(os.path.dirname(HERE), "experiments", "plot_metrics.py")
-    )
-    plot_metrics = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot_metrics)
+    # The plot command line turns the JSONL into a PNG with one panel per metric.
     png = tmp_path / "curves.png"
     plot_metrics.main([str(tmp_path / "metrics.jsonl"), "--out", str(png)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    names = plot_metrics.plot(records, str(png), metrics=["loss", "accuracy", "nope"])
+    names = training.plot_metrics(records, str(png), metrics=["loss", "accuracy", "nope"])
     assert names == ["loss", "accuracy"]
 
 

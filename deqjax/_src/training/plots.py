@@ -190,3 +190,76 @@ def plot_metrics(
     fig, names, _ = make_figure(records, metrics=metrics, title=title)
     save_figure(fig, out_path)
     return names
+
+
+def plot_sweep(
+    summary: Sequence[Mapping[str, Any]],
+    path: str | os.PathLike,
+    *,
+    x: str = "scale",
+    group: str = "family",
+    name: str = "error",
+    title: str = "",
+) -> str:
+    """Median (solid, markers) and mean (dashed) of ``name`` against ``x``, one colour per
+    ``group`` value, from :func:`~deqjax.training.summarize_runs` rows (log y; log₂ x when every
+    ``x`` is positive). Returns ``path``."""
+    curves, styles = {}, {}
+    groups = list(dict.fromkeys(r[group] for r in summary))
+    for i, g in enumerate(groups):
+        rs = sorted((r for r in summary if r[group] == g), key=lambda r: r[x])
+        xs = [r[x] for r in rs]
+        curves[f"{g} median"] = (xs, [r[f"median_{name}"] for r in rs])
+        curves[f"{g} mean"] = (xs, [r[f"mean_{name}"] for r in rs])
+        styles[f"{g} median"] = {"color": f"C{i}", "marker": "o"}
+        styles[f"{g} mean"] = {"color": f"C{i}", "ls": "--"}
+    positive = all(r[x] > 0 for r in summary)
+    xlabel = "initialisation scale σ" if x == "scale" else x
+    return line_plot(
+        path,
+        curves,
+        xlabel=xlabel,
+        ylabel=f"test {name}",
+        title=title,
+        logx=2 if positive else None,
+        logy=True,
+        styles=styles,
+    )
+
+
+def plot_panels(
+    path: str | os.PathLike,
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
+    *,
+    xlabel: str = "step",
+    styles: Mapping[str, Mapping[str, Any]] | None = None,
+    hlines: Mapping[str, tuple[float, str]] | None = None,
+    size: tuple[float, float] | None = None,
+) -> str:
+    """Stacked panels sharing the x axis: ``{ylabel: {label: (xs, ys)}}``, one panel each.
+
+    Args:
+      path: the PNG to write.
+      panels: per panel (its y label), the labelled curves; the first panel has the legend.
+      xlabel: label of the shared x axis.
+      styles: per-label ``matplotlib`` keyword arguments (the same in every panel).
+      hlines: ``{ylabel: (y, label)}``: a dotted horizontal line in that panel.
+      size: figure size (default 8 wide, 3 per panel).
+
+    Returns:
+      ``path``.
+    """
+    plt = pyplot()
+    size = size or (8.0, 3.0 * len(panels))
+    fig, axes = plt.subplots(len(panels), 1, figsize=size, sharex=True, squeeze=False)
+    for ax, (ylabel, curves) in zip(axes[:, 0], panels.items()):
+        for label, (xs, ys) in curves.items():
+            ax.plot(list(xs), list(ys), label=label, **dict((styles or {}).get(label, {})))
+        if hlines and ylabel in hlines:
+            y, label = hlines[ylabel]
+            ax.axhline(y, color="k", ls=":", lw=1, label=label)
+        ax.set_ylabel(ylabel)
+    axes[-1, 0].set_xlabel(xlabel)
+    axes[0, 0].legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -176,7 +176,7 @@ def active_mode(exp: Experiment, args: argparse.Namespace) -> str | None:
     return next((m for m in exp.modes if getattr(args, m, False)), None)
 
 
-def parse_args(exp: Experiment, argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_experiment_args(exp: Experiment, argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parses ``argv`` with the mode and ``--smoke`` defaults applied (explicit flags win)."""
     p = build_parser(exp)
     known, _ = p.parse_known_args(argv)
@@ -205,7 +205,7 @@ def run(exp: Experiment, argv: Sequence[str] | None = None) -> dict:
     Raises:
       SystemExit: with the statuses of the module docstring.
     """
-    args = parse_args(exp, argv)
+    args = parse_experiment_args(exp, argv)
     mode = active_mode(exp, args)
     message = exp.check(args) if exp.check is not None else None
     if message:
