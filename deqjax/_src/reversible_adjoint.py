@@ -54,17 +54,23 @@ def _join(t: PyTree, float_cotangents: list) -> PyTree:
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _reversed(f, beta, batch_ndim, params, x, z0, prev, value, steps, probe):
-    """Identity on ``value`` whose VJP back-propagates through the ``steps`` reversible steps that
-    led from ``(z0, z0)`` to ``(prev, value)``; ``probe`` (``BackwardStats`` or None) receives the
-    reversal statistics as its cotangent."""
-    del f, beta, batch_ndim, params, x, z0, prev, steps, probe
-    return value
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _reversed(f, batch_ndim, params, x, z0, state, probe):
+    """Identity on ``state.value`` whose VJP back-propagates through the ``state.steps``
+    reversible steps that led from ``(z0, z0)`` to ``(state.prev, state.value)``; ``probe``
+    (``BackwardStats`` or None) receives the reversal statistics as its cotangent."""
+    del f, batch_ndim, params, x, z0, probe
+    return state.value
 
 
-def _reversed_fwd(f, beta, batch_ndim, params, x, z0, prev, value, steps, probe):
-    return value, (params, x, z0, prev, value, steps, probe)
+def _reversed_fwd(f, batch_ndim, params, x, z0, state, probe):
+    return state.value, (params, x, z0, state, probe)
+
+
+def _zero_cotangent(leaf: Any) -> Any:
+    if _is_float(leaf):
+        return jnp.zeros_like(leaf)
+    return np.zeros(np.shape(leaf), jax.dtypes.float0)
 
 
 def _reversal_stats(batch_ndim, z0, value, y0_hat, z0_hat, steps, probe):
@@ -86,8 +92,9 @@ def _reversal_stats(batch_ndim, z0, value, y0_hat, z0_hat, steps, probe):
     return type(probe)(*(jnp.sum(a).astype(p.dtype) for a, p in zip(fields, probe)))
 
 
-def _reversed_bwd(f, beta, batch_ndim, residuals, g_value):
-    params, x, z0, prev, value, steps, probe = residuals
+def _reversed_bwd(f, batch_ndim, residuals, g_value):
+    params, x, z0, state, probe = residuals
+    beta, steps = state.beta, state.steps
     p_leaves, p_rebuild = _split(params)
     x_leaves, x_rebuild = _split(x)
 
@@ -111,12 +118,12 @@ def _reversed_bwd(f, beta, batch_ndim, residuals, g_value):
         )
         fu, vjp = jax.vjp(cell, p_leaves, x_leaves, u)
         dp, dx, du = vjp(cot)
-        older = reversible_lib.unrelax(beta, v, fu)
+        older, newer = reversible_lib.reverse_step(fu, state, i, u, v, batch_ndim)
         g_older = jax.tree_util.tree_map(lambda a: (1.0 - beta) * a, gv)
         return (
             i + 1,
-            tree.tree_where(active, older, u, batch_ndim),
-            tree.tree_where(active, u, v, batch_ndim),
+            older,
+            newer,
             tree.tree_where(active, g_older, gu, batch_ndim),
             tree.tree_where(active, tree.tree_add(gu, du), gv, batch_ndim),
             tree.tree_add(gp, dp),
@@ -125,9 +132,9 @@ def _reversed_bwd(f, beta, batch_ndim, residuals, g_value):
 
     init = (
         jnp.zeros((), jnp.int32),
-        prev,
-        value,
-        tree.tree_zeros_like(prev),
+        state.prev,
+        state.value,
+        tree.tree_zeros_like(state.prev),
         g_value,
         tree.tree_zeros_like(p_leaves),
         tree.tree_zeros_like(x_leaves),
@@ -137,14 +144,12 @@ def _reversed_bwd(f, beta, batch_ndim, residuals, g_value):
     g_z0 = tree.tree_add(g_a, g_b)
     g_probe = None
     if probe is not None:
-        g_probe = _reversal_stats(batch_ndim, z0, value, y0_hat, z0_hat, steps, probe)
+        g_probe = _reversal_stats(batch_ndim, z0, state.value, y0_hat, z0_hat, steps, probe)
     return (
         _join(params, gp),
         _join(x, gx),
         g_z0,
-        tree.tree_zeros_like(prev),
-        tree.tree_zeros_like(value),
-        np.zeros(np.shape(steps), jax.dtypes.float0),
+        jax.tree_util.tree_map(_zero_cotangent, state),
         g_probe,
     )
 
@@ -191,7 +196,19 @@ class ReversibleAdjoint(adjoints.Adjoint):
     ``rel_residual`` = the reversal error ``max(‖ŷ_0 − z_0‖, ‖ẑ_0 − z_0‖) / max(‖z_0‖, ‖z*‖)``
     of the start it rebuilt (free: the reverse pass computes it anyway), ``failures`` = problems
     whose rebuilt start is not finite, ``fallbacks`` = 0.
+
+    Args:
+      checkpoint_every: ``None`` (default): the paper's method, O(1) memory in the steps. An int
+        ``m >= 1``: the forward also stores the pair at every ``m``-th evaluation
+        (``2 max_steps / m`` states) and the reverse pass restarts from each stored pair, so
+        rounding is amplified over at most ``m`` steps instead of all of them (the remedy when
+        the reversal error above is too large, e.g. float32 with tight tolerances).
     """
+
+    checkpoint_every: int | None = None
+
+    def __post_init__(self):
+        reversible_lib.check_checkpoint_every(self.checkpoint_every)
 
     def solve(self, f, solver, params, x, z0, *, backward_stats=None):
         if not _accepts_return_state(solver):
@@ -203,7 +220,8 @@ class ReversibleAdjoint(adjoints.Adjoint):
             )
         stop = jax.lax.stop_gradient
         p_sg, x_sg = stop(params), stop(x)
-        out = solver(lambda z: f(p_sg, x_sg, z), stop(z0), return_state=True)
+        extra = {} if self.checkpoint_every is None else {"checkpoint_every": self.checkpoint_every}
+        out = solver(lambda z: f(p_sg, x_sg, z), stop(z0), return_state=True, **extra)
         if not (
             isinstance(out, tuple)
             and len(out) == 2
@@ -216,16 +234,5 @@ class ReversibleAdjoint(adjoints.Adjoint):
             )
         sol, state = out
         batch_ndim = sol.status.ndim
-        z_out = _reversed(
-            f,
-            state.beta,
-            batch_ndim,
-            params,
-            x,
-            z0,
-            state.prev,
-            state.value,
-            state.steps,
-            backward_stats,
-        )
+        z_out = _reversed(f, batch_ndim, params, x, z0, state, backward_stats)
         return z_out, adjoints._stop_statistics(sol, z_out)

@@ -35,6 +35,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from deqjax._src import loop as loop_lib
 from deqjax._src import tree
@@ -63,12 +64,18 @@ class ReversibleState:
       steps: int32 ``[*batch]``: ``k``, the number of relaxed updates from ``(z0, z0)`` to
         ``(prev, value)`` (per problem); ``k`` reverse steps rebuild ``(z0, z0)``.
       beta: the relaxation ``β`` (static).
+      checkpoints: ``None``, or with ``checkpoint_every = m`` the pairs ``(w_{j-1}, w_j)`` at
+        ``j = m, 2m, ...`` as a pair of pytrees whose leaves have ``[*batch, max_steps // m, ...]``
+        (rows a problem never reached are unused).
+      checkpoint_every: ``m`` or ``None`` (static).
     """
 
     prev: PyTree
     value: PyTree
     steps: jax.Array
     beta: float = dataclasses.field(metadata={"static": True})
+    checkpoints: Any = None
+    checkpoint_every: int | None = dataclasses.field(default=None, metadata={"static": True})
 
 
 class _Carry(NamedTuple):
@@ -82,6 +89,7 @@ class _Carry(NamedTuple):
     stats: jax.Array  # [*batch, 4]: best's abs, rel and stop_mode residual; lowest abs seen
     counts: jax.Array  # int32 [*batch, 2]: status, num_steps
     trace: jax.Array  # [*batch, max_steps]
+    checkpoints: Any  # () or (prev rows, cur rows) with leaves [*batch, n_checkpoints, ...]
 
 
 def check_beta(beta: Any) -> float:
@@ -131,6 +139,7 @@ def reversible(
     atol: float | None = None,
     batch_ndim: int = 0,
     return_state: bool = False,
+    checkpoint_every: int | None = None,
 ) -> base.Solution | tuple[base.Solution, ReversibleState]:
     """Solves ``z = f(z)`` by the reversible (coupled, relaxed) fixed-point iteration.
 
@@ -163,6 +172,10 @@ def reversible(
         one loop with per-problem stopping (0: one problem).
       return_state: also return the :class:`ReversibleState` (the pair of the returned iterate and
         its index) that :class:`deqjax.ReversibleAdjoint` reverses from.
+      checkpoint_every: ``None`` (default: O(1) memory), or ``m >= 1``: with ``return_state``, also
+        keep the pair at every ``m``-th evaluation (``2 max_steps / m`` states), where the reverse
+        pass restarts from the stored pair instead of its own rebuilt one, so rounding is amplified
+        over at most ``m`` steps (``dq.ReversibleAdjoint(checkpoint_every=m)`` sets it).
 
     Returns:
       A :class:`~deqjax.solvers.Solution` (with ``return_state``: ``(Solution, ReversibleState)``);
@@ -190,6 +203,8 @@ def reversible(
         raise ValueError(f"divergence_factor must be > 1, got {divergence_factor}.")
     if not isinstance(return_state, bool):
         raise ValueError(f"return_state must be a bool, got {return_state!r}.")
+    check_checkpoint_every(checkpoint_every)
+    n_checkpoints = max_steps // checkpoint_every if checkpoint_every and return_state else 0
 
     rdtype = tree.reduction_dtype(z0)
     inf = jnp.array(jnp.inf, rdtype)
@@ -250,6 +265,15 @@ def reversible(
             jnp.concatenate([c.stats[..., :3], new_min[..., None]], axis=-1),
         )
         counts = jnp.stack([status, num_steps + running.astype(jnp.int32)], axis=-1)
+        checkpoints = c.checkpoints
+        if n_checkpoints:
+            # The pair (w_{k-1}, w_k) = (prev, cur) of index k goes to row k // m - 1.
+            due = running & (c.k > 0) & (c.k % checkpoint_every == 0)
+            row = jnp.where(due, c.k // checkpoint_every - 1, -1)
+            checkpoints = (
+                tree.tree_set_row(checkpoints[0], row, c.prev, batch_ndim),
+                tree.tree_set_row(checkpoints[1], row, c.cur, batch_ndim),
+            )
         return _Carry(
             k=c.k + 1,
             prev=tree.tree_where(still, c.cur, c.prev, batch_ndim),
@@ -261,8 +285,13 @@ def reversible(
             stats=stats,
             counts=counts,
             trace=trace,
+            checkpoints=checkpoints,
         )
 
+    checkpoints0 = ()
+    if n_checkpoints:
+        stack = tree.tree_stack_zeros(z0, n_checkpoints, batch_ndim)
+        checkpoints0 = (stack, stack)
     init = _Carry(
         k=jnp.zeros((), jnp.int32),
         prev=z0,
@@ -276,6 +305,7 @@ def reversible(
             [jnp.full(batch_shape, _RUNNING, jnp.int32), jnp.zeros(batch_shape, jnp.int32)], -1
         ),
         trace=jnp.full(batch_shape + (max_steps,), jnp.inf, rdtype),
+        checkpoints=checkpoints0,
     )
     c = loop_lib.bounded_while_loop(cond_fun, body_fun, init, max_steps=max_steps, loop=loop)
     sol = base.Solution(
@@ -288,8 +318,66 @@ def reversible(
         f_value=c.best_fx,
     )
     if return_state:
-        return sol, ReversibleState(prev=c.best_prev, value=c.best_cur, steps=c.best_k, beta=beta)
+        state = ReversibleState(
+            prev=c.best_prev,
+            value=c.best_cur,
+            steps=c.best_k,
+            beta=beta,
+            checkpoints=c.checkpoints if n_checkpoints else None,
+            checkpoint_every=checkpoint_every if n_checkpoints else None,
+        )
+        return sol, state
     return sol
+
+
+def check_checkpoint_every(checkpoint_every: Any) -> None:
+    """``ValueError`` unless ``checkpoint_every`` is ``None`` or an int ``>= 1``."""
+    if checkpoint_every is None:
+        return
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)):
+        raise ValueError(f"checkpoint_every must be None or an int >= 1, got {checkpoint_every!r}.")
+    if checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be None or an int >= 1, got {checkpoint_every}.")
+
+
+def _stored_pair(state: ReversibleState, index: jax.Array, batch_ndim: int):
+    """Where the pair of ``index`` (per problem) was checkpointed: ``(hit, prev, cur)``."""
+    m = state.checkpoint_every
+    n = jax.tree_util.tree_leaves(state.checkpoints[0])[0].shape[batch_ndim]
+    hit = (index > 0) & (index % m == 0) & (index // m <= n)
+    row = jnp.clip(index // m - 1, 0, n - 1).astype(jnp.int32)
+
+    def take(stack):
+        if batch_ndim == 0:
+            return jax.lax.dynamic_index_in_dim(stack, row, 0, keepdims=False)
+        idx = row.reshape(row.shape + (1,) * (stack.ndim - batch_ndim))
+        return jnp.take_along_axis(stack, idx, axis=batch_ndim).squeeze(batch_ndim)
+
+    prev, cur = (jax.tree_util.tree_map(take, t) for t in state.checkpoints)
+    return hit, prev, cur
+
+
+def reverse_step(
+    f_value: PyTree,
+    state: ReversibleState,
+    i: jax.Array,
+    u: PyTree,
+    v: PyTree,
+    batch_ndim: int,
+) -> tuple[PyTree, PyTree]:
+    """Step ``i`` of the reverse pass: from the pair ``(u, v) = (w_j, w_{j+1})`` with
+    ``j = steps - 1 - i`` and ``f_value = f(u)``, the pair ``(w_{j-1}, w_j)``, taken from the
+    checkpoints where one was stored. Problems with ``i >= steps`` keep ``(u, v)``."""
+    active = i < state.steps
+    older, newer = unrelax(state.beta, v, f_value), u
+    if state.checkpoints is not None:
+        hit, c_prev, c_cur = _stored_pair(state, state.steps - 1 - i, batch_ndim)
+        older = tree.tree_where(hit, c_prev, older, batch_ndim)
+        newer = tree.tree_where(hit, c_cur, newer, batch_ndim)
+    return (
+        tree.tree_where(active, older, u, batch_ndim),
+        tree.tree_where(active, newer, v, batch_ndim),
+    )
 
 
 def reconstruct(
@@ -305,20 +393,13 @@ def reconstruct(
     Returns:
       The rebuilt ``(w_{-1}, w_0)``, equal to ``(z0, z0)`` up to floating-point reversal error.
     """
-    beta = state.beta
 
     def cond_fun(c):
         return jnp.any(c[0] < state.steps)
 
     def body_fun(c):
         i, prev, cur = c
-        active = i < state.steps
-        older = unrelax(beta, cur, f(prev))
-        return (
-            i + 1,
-            tree.tree_where(active, older, prev, batch_ndim),
-            tree.tree_where(active, prev, cur, batch_ndim),
-        )
+        return (i + 1, *reverse_step(f(prev), state, i, prev, cur, batch_ndim))
 
     init = (jnp.zeros((), jnp.int32), state.prev, state.value)
     _, prev, cur = jax.lax.while_loop(cond_fun, body_fun, init)
