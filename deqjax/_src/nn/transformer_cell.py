@@ -11,11 +11,18 @@ of the LayerNorms; this cell implements both (``pre_ln``)::
     post-LN (default; the DEQ paper's layer)       pre-LN
     a = Attn(z W_QKV + x̃)                         a = Attn(LN₁(z) W_QKV + x̃)
     y = LN₁(z + a)                                 y = z + a
-    out = LN₂(y + FFN(y))                          out = y + FFN(LN₂(y))
+    out = LN₂(y + FFN(y))                          out = LN₂(y) + FFN(LN₂(y))
 
 so the post-LN output is layer-normalised (bounded range; JR paper: the LN "at the end of the layer"
-the stable large DEQs rely on) and the pre-LN output is not; in pre-LN the memory is normalised by
-the same ``LN₁`` before its key/value projection.
+the stable large DEQs rely on) and the pre-LN output is not (no LN after its last sum); in pre-LN
+the memory is normalised by the same ``LN₁`` before its key/value projection.
+
+The pre-LN FFN's skip path starts after ``LN₂``, as in the JR paper's DEQ-Transformer code (its
+position-wise FFN normalises its input, then adds the FFN output to the normalised input). The
+textbook pre-LN ``out = y + FFN(LN₂(y))`` (Xiong et al. 2020) makes ``f(z) = z + g(z/‖z‖)`` in a
+DEQ: the relative residual ``‖g‖ / ‖z + g‖`` falls as ``‖z‖`` grows, so the solver "converges" by
+inflating ``z*``, ``J = I + O(1/‖z‖)`` (‖J‖²_F/d pinned at 1) and the model cannot train
+(REPRODUCTION.md, claim 5).
 """
 
 from __future__ import annotations
@@ -258,9 +265,11 @@ class TransformerCell(hk.Module):
         a = variational_dropout.time_shared_dropout("drop_attn", a, drop)
         y = z + a if self.pre_ln else ln_attn(z + a)  # [B, T, D]
 
+        # pre-LN: the FFN's skip path starts after LN₂ (JR paper's DEQ-Transformer code), so the
+        # output LN₂(y) + FFN(LN₂(y)) does not carry the scale of z (see the module docstring).
         y_in = ln_ffn(y) if self.pre_ln else y  # [B, T, D]
         hidden = jax.nn.relu(y_in @ w_1 + b_1[None, None])  # [B, T, F]
         hidden = variational_dropout.time_shared_dropout("drop_ff1", hidden, drop)
         ff = hidden @ w_2 + b_2[None, None]  # [B, T, D]
         ff = variational_dropout.time_shared_dropout("drop_ff2", ff, drop)
-        return y + ff if self.pre_ln else ln_ffn(y + ff)  # [B, T, D]
+        return y_in + ff if self.pre_ln else ln_ffn(y + ff)  # [B, T, D]
