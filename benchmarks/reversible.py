@@ -64,6 +64,10 @@ def time_table(args, lines):
             reversible(beta=BETA, max_steps=50, tol=1e-4),
             dq.ReversibleAdjoint(),
         ),
+        "reversible (β 0.8) + ReversibleAdjoint(checkpoint_every=8)": (
+            reversible(beta=BETA, max_steps=50, tol=1e-4),
+            dq.ReversibleAdjoint(checkpoint_every=8),
+        ),
         "reversible (β 0.8) + UnrolledAdjoint": (
             reversible(beta=BETA, max_steps=50, tol=1e-4),
             dq.UnrolledAdjoint(),
@@ -100,17 +104,22 @@ def memory_table(args, lines):
         f"XLA temporary memory of jit(grad(loss)), float32, d={args.d}, batch={args.batch} "
         f"(one state = {state_kib:.0f} KiB), tol = 0 so every step runs.",
         "",
-        "| steps | ReversibleAdjoint (MiB) | UnrolledAdjoint, same solver (MiB) |",
-        "| --- | --- | --- |",
+        "| steps | ReversibleAdjoint (MiB) | ReversibleAdjoint(checkpoint_every=8) (MiB) | "
+        "UnrolledAdjoint, same solver (MiB) |",
+        "| --- | --- | --- | --- |",
     ]
     for steps in args.mem_steps:
         row = []
-        for adjoint in (dq.ReversibleAdjoint(), dq.UnrolledAdjoint()):
+        for adjoint in (
+            dq.ReversibleAdjoint(),
+            dq.ReversibleAdjoint(checkpoint_every=8),
+            dq.UnrolledAdjoint(),
+        ):
             solver = reversible(beta=BETA, max_steps=steps, tol=0.0, stop_mode="abs")
             loss = make_loss(x, c, solver, adjoint)
             compiled = jax.jit(jax.grad(loss, has_aux=True)).lower(params).compile()
             row.append(compiled.memory_analysis().temp_size_in_bytes / 2**20)
-        lines.append(f"| {steps} | {row[0]:.2f} | {row[1]:.2f} |")
+        lines.append(f"| {steps} | {row[0]:.2f} | {row[1]:.2f} | {row[2]:.2f} |")
         print(lines[-1], flush=True)
     lines.append("")
 
@@ -165,8 +174,9 @@ def gradient_table(args, lines):
         f"iteration (UnrolledAdjoint). d={args.d}, batch={args.err_batch}, β={BETA}.",
         "",
         "| tol (rel) | NFE (mean) | float32 vs implicit | float64 vs implicit | "
-        "float32 vs unrolled f64 | float64 vs unrolled f64 |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "float32 vs unrolled f64 | float64 vs unrolled f64 | float32, checkpoint_every=8, "
+        "vs unrolled f64 | float32 UnrolledAdjoint vs unrolled f64 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for tol in args.tols:
         solver = reversible(beta=BETA, tol=tol, max_steps=400)
@@ -180,10 +190,19 @@ def gradient_table(args, lines):
             g, _ = jax.jit(jax.grad(loss, has_aux=True))(cast(p64, dtype))
             g = cast(g, jnp.float64)
             errs[dtype] = (rel_err(g, exact), rel_err(g, g_unrolled))
+        x32, c32, p32 = (
+            jnp.asarray(x64, jnp.float32),
+            jnp.asarray(c64, jnp.float32),
+            cast(p64, jnp.float32),
+        )
+        extra = []
+        for adjoint in (dq.ReversibleAdjoint(checkpoint_every=8), dq.UnrolledAdjoint()):
+            g, _ = jax.jit(jax.grad(make_loss(x32, c32, solver, adjoint), has_aux=True))(p32)
+            extra.append(rel_err(cast(g, jnp.float64), g_unrolled))
         lines.append(
             f"| {tol:g} | {np.asarray(steps).mean():.1f} | {errs[jnp.float32][0]:.1e} | "
             f"{errs[jnp.float64][0]:.1e} | {errs[jnp.float32][1]:.1e} | "
-            f"{errs[jnp.float64][1]:.1e} |"
+            f"{errs[jnp.float64][1]:.1e} | {extra[0]:.1e} | {extra[1]:.1e} |"
         )
         print(lines[-1], flush=True)
     lines.append("")
