@@ -466,3 +466,21 @@ def test_checkpoint_arguments():
     y0, z0 = reversible_lib.reconstruct(f, state)
     np.testing.assert_allclose(y0, 0.0, atol=1e-12)
     np.testing.assert_allclose(z0, 0.0, atol=1e-12)
+
+
+def test_sample_steps_record_the_iterates():
+    a, b = affine_problem(scale=0.8)
+    f = lambda z: jnp.tanh(z @ a.T + b)  # noqa: E731
+    z0 = jnp.zeros((2, D))
+    sol = dq.solvers.reversible(
+        f, z0, batch_ndim=1, tol=1e-6, sample_steps=(0, 3, 200), max_steps=200
+    )
+    prev = cur = z0
+    for _ in range(3):
+        prev, cur = cur, 0.2 * prev + 0.8 * f(cur)
+    np.testing.assert_allclose(sol.samples[:, 1], cur, rtol=1e-12)
+    np.testing.assert_array_equal(sol.samples[:, 0], z0)
+    np.testing.assert_array_equal(sol.samples[:, 2], sol.value)  # never reached: the value
+    assert dq.solvers.reversible(f, z0[0]).samples is None
+    with pytest.raises(ValueError, match="sample_steps"):
+        dq.solvers.reversible(f, z0[0], sample_steps=(51,))

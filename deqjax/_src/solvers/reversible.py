@@ -90,6 +90,7 @@ class _Carry(NamedTuple):
     counts: jax.Array  # int32 [*batch, 2]: status, num_steps
     trace: jax.Array  # [*batch, max_steps]
     checkpoints: Any  # () or (prev rows, cur rows) with leaves [*batch, n_checkpoints, ...]
+    samples: Any  # () or, with sample_steps, leaves [*batch, n_samples, ...]
 
 
 def check_beta(beta: Any) -> float:
@@ -140,6 +141,7 @@ def reversible(
     batch_ndim: int = 0,
     return_state: bool = False,
     checkpoint_every: int | None = None,
+    sample_steps: tuple[int, ...] | None = None,
 ) -> base.Solution | tuple[base.Solution, ReversibleState]:
     """Solves ``z = f(z)`` by the reversible (coupled, relaxed) fixed-point iteration.
 
@@ -176,6 +178,9 @@ def reversible(
         keep the pair at every ``m``-th evaluation (``2 max_steps / m`` states), where the reverse
         pass restarts from the stored pair instead of its own rebuilt one, so rounding is amplified
         over at most ``m`` steps (``dq.ReversibleAdjoint(checkpoint_every=m)`` sets it).
+      sample_steps: ``None``, or loop steps ``s`` in ``[0, max_steps]`` whose iterate ``w_s``
+        (``w_0 = z0``) goes to ``Solution.samples`` (leaves ``[*batch, n, ...]``; steps a problem
+        never reached hold its ``value``), as in every deqjax solver (fixed-point correction).
 
     Returns:
       A :class:`~deqjax.solvers.Solution` (with ``return_state``: ``(Solution, ReversibleState)``);
@@ -204,6 +209,7 @@ def reversible(
     if not isinstance(return_state, bool):
         raise ValueError(f"return_state must be a bool, got {return_state!r}.")
     check_checkpoint_every(checkpoint_every)
+    sample_steps = base.check_sample_steps(sample_steps, max_steps)
     n_checkpoints = max_steps // checkpoint_every if checkpoint_every and return_state else 0
 
     rdtype = tree.reduction_dtype(z0)
@@ -274,6 +280,11 @@ def reversible(
                 tree.tree_set_row(checkpoints[0], row, c.prev, batch_ndim),
                 tree.tree_set_row(checkpoints[1], row, c.cur, batch_ndim),
             )
+        samples = c.samples
+        if sample_steps is not None:  # w_k (evaluated at this step) goes to the slot of step k
+            hits = sample_ids == c.k
+            slot = jnp.where(running & jnp.any(hits), jnp.argmax(hits), -1)
+            samples = tree.tree_set_row(samples, slot, c.cur, batch_ndim)
         return _Carry(
             k=c.k + 1,
             prev=tree.tree_where(still, c.cur, c.prev, batch_ndim),
@@ -286,8 +297,13 @@ def reversible(
             counts=counts,
             trace=trace,
             checkpoints=checkpoints,
+            samples=samples,
         )
 
+    samples0 = ()
+    if sample_steps is not None:
+        sample_ids = jnp.asarray(sample_steps, jnp.int32)
+        samples0 = tree.tree_stack_zeros(z0, len(sample_steps), batch_ndim)
     checkpoints0 = ()
     if n_checkpoints:
         stack = tree.tree_stack_zeros(z0, n_checkpoints, batch_ndim)
@@ -306,6 +322,7 @@ def reversible(
         ),
         trace=jnp.full(batch_shape + (max_steps,), jnp.inf, rdtype),
         checkpoints=checkpoints0,
+        samples=samples0,
     )
     c = loop_lib.bounded_while_loop(cond_fun, body_fun, init, max_steps=max_steps, loop=loop)
     sol = base.Solution(
@@ -317,6 +334,15 @@ def reversible(
         status=c.counts[..., 0],
         f_value=c.best_fx,
     )
+    if sample_steps is not None:
+        # Steps a problem did not reach (it stopped first) hold its value.
+        late = sample_ids.reshape((1,) * batch_ndim + (-1,)) >= c.counts[..., 1:2]
+
+        def fill(s, best):
+            mask = late.reshape(late.shape + (1,) * (s.ndim - late.ndim))
+            return jnp.where(mask, jnp.expand_dims(best, batch_ndim), s)
+
+        sol = sol._replace(samples=jax.tree_util.tree_map(fill, c.samples, c.best_cur))
     if return_state:
         state = ReversibleState(
             prev=c.best_prev,
