@@ -470,7 +470,7 @@ def test_checkpoint_arguments():
 
 def test_sample_steps_record_the_iterates():
     a, b = affine_problem(scale=0.8)
-    f = lambda z: jnp.tanh(z @ a.T + b)  # noqa: E731
+    f = lambda z: jnp.tanh(z @ a.T + jnp.broadcast_to(b, z.shape))  # noqa: E731
     z0 = jnp.zeros((2, D))
     sol = dq.solvers.reversible(
         f, z0, batch_ndim=1, tol=1e-6, sample_steps=(0, 3, 200), max_steps=200
