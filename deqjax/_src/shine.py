@@ -124,8 +124,11 @@ def _bwd(f, solver, config, residuals, cotangents):
     rel_res = norms[0] / (norms[1] + jnp.asarray(1e-30, rdtype))
     poor = ~(rel_res <= fallback_tol)  # also NaN / inf
     f32 = jnp.float32
-    count = jnp.sum(jnp.ones_like(rel_res, f32))
-    steps = jnp.ones_like(rel_res, f32) * float(refine_steps)  # batched under vmap
+    # Ones computed from values (not ones_like, which is unbatched under vmap): an unbatched
+    # probe's cotangent must be summed over the examples of a vmap.
+    ones = (jnp.isnan(rel_res) | ~jnp.isnan(rel_res)).astype(f32)
+    count = jnp.sum(ones)
+    steps = ones * float(refine_steps)
     shine_stats = implicit_diff.BackwardStats(
         count=count,
         num_steps=jnp.sum(steps),
