@@ -6,6 +6,7 @@
 >>> batch = next(it); it.state                            # IteratorState(epoch=0, index=1)
 """
 
+from deqjax._src.data.augment import random_crop_flip
 from deqjax._src.data.batching import (
     BatchIterator,
     IteratorState,
@@ -90,6 +91,7 @@ __all__ = [
     "network_available",
     "num_lm_segments",
     "pad_to_cifar_shape",
+    "random_crop_flip",
     "read_cifar10_batch",
     "split_lines",
     "state_dict",
