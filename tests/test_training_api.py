@@ -200,3 +200,50 @@ def test_runner_flags_config_results_and_exit_codes(tmp_path, capsys, monkeypatc
     assert _exit(["--steps", "9", "--out_dir", "c"]) == 143
     assert _exit(["--steps", "0"]) == 2
     assert "--steps" in capsys.readouterr().err
+
+
+_TWO_DEVICES = r"""
+import json, os, sys, tempfile
+import jax, jax.numpy as jnp, numpy as np, optax
+from deqjax import training
+from test_training_api import CountingBatches, carry_loss
+
+d = tempfile.mkdtemp()
+def fit(n, **kw):
+    return training.fit(params={"w": jnp.zeros((2,), jnp.float32)}, loss_fn=carry_loss,
+                        optimizer=optax.sgd(0.1), train_data=CountingBatches(), num_steps=n,
+                        rng=jax.random.PRNGKey(0), carry=jnp.zeros((), jnp.float32),
+                        progress=False, print_fn=None, **kw)
+full = fit(6)
+fit(4, checkpoint_dir=os.path.join(d, "ck"), checkpoint_every=2)
+resumed = fit(6, checkpoint_dir=os.path.join(d, "ck"), resume=True)
+same = training.tree_digest(resumed.state) == training.tree_digest(full.state)
+print(json.dumps({"n": jax.device_count(), "carry": np.asarray(full.state.carry).tolist(),
+                  "same": same}))
+"""
+
+
+@pytest.mark.slow  # a fresh JAX process with two CPU devices (~30 s)
+def test_each_device_keeps_its_own_carry_and_resumes_it():
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env.pop("JAX_ENABLE_X64", None)
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run(
+        [sys.executable, "-c", _TWO_DEVICES],
+        cwd=here,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["n"] == 2 and out["same"]
+    # device k sees the k-th half of every batch: its running mean differs from the other's
+    c0 = c1 = 0.0
+    for i in range(6):
+        c0, c1 = 0.5 * c0 + i + 0.125, 0.5 * c1 + i + 0.625
+    np.testing.assert_allclose(out["carry"], [c0, c1], rtol=1e-6)
