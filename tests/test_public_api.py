@@ -4,7 +4,7 @@ import deqjax as dq
 
 
 def test_solver_names():
-    for name in ["fixed_point_iteration", "anderson", "broyden", "Solution"]:
+    for name in ["fixed_point_iteration", "anderson", "broyden", "reversible", "Solution"]:
         assert callable(getattr(dq.solvers, name))
     codes = {dq.solvers.CONVERGED, dq.solvers.MAX_STEPS, dq.solvers.DIVERGED, dq.solvers.NONFINITE}
     assert len(codes) == 4
@@ -17,6 +17,7 @@ def test_package_modules_and_contract_names():
         "PhantomAdjoint",
         "OneStepAdjoint",
         "UnrolledAdjoint",
+        "ReversibleAdjoint",
     ]:
         assert hasattr(dq, name)
     assert callable(dq.jacobian.frobenius_sq) and callable(dq.jacobian.spectral_radius)
@@ -31,3 +32,16 @@ def test_package_modules_and_contract_names():
     assert callable(dq.training.fit) and callable(dq.data.load_fashion_mnist)
     for name in dq.__all__:
         assert hasattr(dq, name)
+
+
+def test_shine_and_fixed_point_correction_names():
+    assert issubclass(dq.ShineAdjoint, dq.Adjoint)
+    assert hasattr(dq.solvers, "BroydenInverse")
+    for name in [
+        "correction_states",
+        "correction_loss",
+        "correction_weights",
+        "uniform_sample_steps",
+    ]:
+        assert callable(getattr(dq, name))
+    assert {"samples", "inverse_estimate"} <= set(dq.solvers.Solution._fields)
