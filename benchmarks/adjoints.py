@@ -1,6 +1,7 @@
 """Forward+backward cost of each gradient strategy, and backward memory versus forward steps.
 
     python -m benchmarks.adjoints [--d 512] [--batch 128] [--repeats 10] [--out FILE]
+    python -m benchmarks.adjoints --tables comparison [--batch 32] [--radii 0.5 0.9]
 
 Table 1: time of ``jit(grad(loss))`` per batch for every adjoint (forward Anderson, per-example
 solves by ``vmap``, f(z) = tanh(W z + U x + b), spectral radius of W 0.9, tol 1e-4).
@@ -10,6 +11,10 @@ JAX transposes the batched scan with a per-example ``[B, d, d]`` cotangent accum
 loop-invariant weights, so use per-example unrolled solves only as a small-scale reference.
 Table 3: XLA's compiled temporary memory (``memory_analysis().temp_size_in_bytes``) of the same
 gradient for the implicit and unrolled adjoints with a fixed number of forward steps (tol = 0).
+Table 4 (``--tables comparison``, issue 18): every adjoint on one batch-native forward Broyden solve
+(reversible: its own solver) — fwd+bwd time, XLA temp memory, and the relative error of the
+parameter gradient against the exact implicit gradient (float64 fixed point, dense float64 adjoint
+solve per example).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import deqjax as dq
 from benchmarks.common import machine, tanh_cell, tanh_layer, time_fn
@@ -58,13 +64,123 @@ def make_whole_batch_grad(params, x, solver, adjoint):
     return jax.jit(jax.grad(loss, has_aux=True))
 
 
+def comparison_adjoints() -> dict:
+    """Issue 18's strategies (SHINE in four variants): name -> (adjoint, forward solver kind)."""
+    return {
+        "implicit": (dq.ImplicitAdjoint(), "broyden"),
+        "phantom(5, 0.5)": (dq.PhantomAdjoint(steps=5, tau=0.5), "broyden"),
+        "one-step": (dq.OneStepAdjoint(), "broyden"),
+        "SHINE (no fallback)": (dq.ShineAdjoint(fallback=None), "broyden"),
+        "SHINE+2 (no fallback)": (dq.ShineAdjoint(refine_steps=2, fallback=None), "broyden"),
+        "SHINE+5 (no fallback)": (dq.ShineAdjoint(refine_steps=5, fallback=None), "broyden"),
+        "SHINE (fallback_tol 0.1)": (dq.ShineAdjoint(fallback_tol=0.1), "broyden"),
+        "reversible": (dq.ReversibleAdjoint(), "reversible"),
+    }
+
+
+def exact_implicit_grad(params, x):
+    """The gradient of ``mean_b sum(z_b^2)`` at the exact fixed point, in float64.
+
+    z* by Broyden to 1e-13 (abs), then per example ``u = (I - J)^{-T} g`` by a dense solve,
+    ``J = diag(1 - z^2) W``.
+    """
+    with jax.enable_x64(True):
+        p64 = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), params)
+        x64 = jnp.asarray(x, jnp.float64)
+        sol = dq.solvers.broyden(
+            lambda z: batch_cell(p64, x64, z),
+            jnp.zeros_like(x64),
+            max_steps=300,
+            tol=1e-13,
+            stop_mode="abs",
+            batch_ndim=1,
+        )
+        z = sol.value
+        batch, d = z.shape
+        jac = (1.0 - z**2)[:, :, None] * p64["W"][None]  # [B, d, d]
+        g = 2.0 * z / batch
+        eye = jnp.eye(d, dtype=jnp.float64)
+        u = jnp.linalg.solve(jnp.swapaxes(eye[None] - jac, 1, 2), g[..., None])[..., 0]
+        _, vjp = jax.vjp(lambda p: batch_cell(p, x64, z), p64)
+        (grad,) = vjp(u)
+        return jax.tree_util.tree_map(np.asarray, grad), int(jnp.max(sol.num_steps))
+
+
+def rel_error(grad, exact) -> float:
+    num = sum(np.sum((np.asarray(grad[k], np.float64) - exact[k]) ** 2) for k in exact)
+    return float(np.sqrt(num / sum(np.sum(exact[k] ** 2) for k in exact)))
+
+
+def comparison_table(args) -> list[str]:
+    """Table 4: the adjoint comparison of issue 18 at each spectral radius in ``--radii``."""
+    lines = [
+        "",
+        f"Adjoint comparison (issue 18): d={args.d}, batch={args.batch}, float32, one batch-native "
+        f"forward solve (max {args.max_steps} steps, tol {args.tol:g} rel): Broyden (memory "
+        "None) for all but reversible (dq.solvers.reversible, beta 0.8, same budget). Loss "
+        "mean_b sum(z_b^2); error = relative L2 error of the (W, U, b) gradient against the exact "
+        "float64 implicit gradient. bwd rel. residual / fallbacks: the BackwardStats probe "
+        "(SHINE: the checked adjoint residual; reversible: its reversal error).",
+    ]
+    for radius in args.radii:
+        params, x = tanh_layer(args.d, args.batch, radius=radius)
+        exact, exact_steps = exact_implicit_grad(params, x)
+        lines += [
+            "",
+            f"Spectral radius of W {radius} (exact z*: {exact_steps} float64 Broyden steps):",
+            "",
+            "| adjoint | fwd+bwd time / batch (ms) | forward NFE (mean / max) | XLA temp memory "
+            "(MiB) | gradient rel. error | bwd rel. residual (mean) | fallbacks |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name, (adjoint, kind) in comparison_adjoints().items():
+            base_solver = dq.solvers.broyden if kind == "broyden" else dq.solvers.reversible
+            solver = functools.partial(
+                base_solver, max_steps=args.max_steps, tol=args.tol, batch_ndim=1
+            )
+
+            def loss(p, probe, solver=solver, adjoint=adjoint, x=x):
+                z, sol = dq.fixed_point(
+                    batch_cell,
+                    p,
+                    x,
+                    jnp.zeros_like(x),
+                    solver=solver,
+                    adjoint=adjoint,
+                    backward_stats=probe,
+                )
+                return jnp.mean(jnp.sum(z**2, -1)), sol.num_steps
+
+            grad = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
+            probe = dq.BackwardStats.zeros()
+            seconds = time_fn(grad, params, probe, repeats=args.repeats)
+            mem = grad.lower(params, probe).compile().memory_analysis().temp_size_in_bytes
+            (g, stats), steps = grad(params, probe)
+            count = max(float(stats.count), 1.0)
+            lines.append(
+                f"| {name} | {1e3 * seconds:.1f} | {float(jnp.mean(steps)):.1f} / "
+                f"{int(jnp.max(steps))} | {mem / 2**20:.1f} | {rel_error(g, exact):.2e} | "
+                f"{float(stats.rel_residual) / count:.2e} | {int(stats.fallbacks)} |"
+            )
+            print(lines[-1], flush=True)
+    return lines
+
+
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d", type=int, default=512)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--mem_steps", type=int, nargs="+", default=[10, 50, 200])
-    parser.add_argument("--tables", nargs="+", default=["per_example", "whole_batch", "memory"])
+    parser.add_argument(
+        "--tables",
+        nargs="+",
+        default=["per_example", "whole_batch", "memory"],
+        help="per_example, whole_batch, memory, comparison (issue 18; not run by default)",
+    )
+    parser.add_argument("--radii", type=float, nargs="+", default=[0.5, 0.9])
+    parser.add_argument("--max_steps", type=int, default=50)
+    parser.add_argument("--tol", type=float, default=1e-4)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -120,6 +236,9 @@ def main(argv=None) -> str:
             compiled = make_grad(params, x, fixed, adjoint).lower(params).compile()
             row.append(compiled.memory_analysis().temp_size_in_bytes / 2**20)
         lines.append(f"| {steps} | {row[0]:.2f} | {row[1]:.2f} |")
+
+    if "comparison" in args.tables:
+        lines += comparison_table(args)
 
     table = "\n".join(lines)
     print(table)
