@@ -1,6 +1,6 @@
 """SHINE: the backward pass reuses the forward Broyden inverse-Jacobian estimate.
 
-Ramzi, Mannel, Bahmani, Ciuciu, Starck, "SHINE: SHaring the INverse Estimate from the forward
+Ramzi, Mannel, Bai, Starck, Ciuciu, Moreau, "SHINE: SHaring the INverse Estimate from the forward
 pass for bi-level optimization and implicit models", ICLR 2022.
 
 The implicit gradient (DEQ paper, Theorem 1) needs ``u`` with ``uᵀ = gᵀ (I − J_f(z*))⁻¹``,
@@ -9,12 +9,13 @@ and keeps a quasi-Newton estimate ``B ≈ J_g⁻¹ = (J_f − I)⁻¹``. Since `
 
     uᵀ = −gᵀ J_g⁻¹ ≈ −gᵀ B,   i.e.   u ≈ −Bᵀ g,
 
-one low-rank transpose product (SHINE paper, Eq. 5 with the quasi-Newton matrix of the forward
-solve, Sec. 3.1) instead of an iterative backward solve. ``k`` refinement steps of the adjoint
-fixed-point iteration ``u ← g + J_f(z*)ᵀ u`` (DEQ paper, Eq. 11) warm-started at it trade one VJP
-in ``z`` each for accuracy (the paper's "refine" variant). The estimate is checked: the adjoint
-residual ``‖g + Jᵀu − u‖ / ‖g + Jᵀu‖`` comes from the same VJP that gives the parameter gradient,
-and where it exceeds ``fallback_tol`` (or is not finite) the ordinary implicit backward
+one low-rank transpose product (the SHINE paper's method: the forward quasi-Newton matrix in
+place of the inverse Jacobian in the implicit gradient) instead of an iterative backward solve.
+``k`` refinement steps of the adjoint fixed-point iteration ``u ← g + J_f(z*)ᵀ u`` (DEQ paper,
+Eq. 11) warm-started at it trade one VJP in ``z`` each for accuracy (the paper's "refine"
+variant). The estimate is checked (the paper's "fallback" variant): the adjoint residual
+``‖g + Jᵀu − u‖ / ‖g + Jᵀu‖`` comes from the same VJP that gives the parameter gradient, and
+where it exceeds ``fallback_tol`` (or is not finite) the ordinary implicit backward
 (:func:`deqjax._src.implicit_diff.solve_adjoint`) replaces it.
 
 Not implemented: the paper's "outer-problem awareness" (OPA), which adds Broyden updates in the
@@ -186,7 +187,7 @@ class ShineAdjoint(adjoints.Adjoint):
 
     With the forward Broyden estimate ``B ≈ J_g⁻¹`` of ``g(z) = f(z) − z`` (so
     ``(I − J_f)⁻¹ ≈ −B``), the adjoint of the implicit gradient is approximated by
-    ``u = −Bᵀ ∂ℓ/∂z*`` (SHINE paper, Eq. 5 with the quasi-Newton matrix of Sec. 3.1), refined by
+    ``u = −Bᵀ ∂ℓ/∂z*`` (the SHINE paper's method; its "refine" and "fallback" variants), refined by
     ``refine_steps`` steps of ``u ← ∂ℓ/∂z* + J_f(z*)ᵀ u`` (DEQ paper, Eq. 11), then checked. The
     backward costs ``refine_steps`` VJPs in ``z`` plus ONE VJP in ``(params, x, z)`` (for a
     batch-native solve: one for the whole batch) that gives both the gradient and the adjoint
