@@ -1,11 +1,11 @@
 """Fixed-point correction: a loss on a few sampled solver iterates, each with a cheap gradient.
 
-Bai, Geng, Kolter et al., "Deep Equilibrium Optical Flow Estimation", CVPR 2022, Sec. 3.3 ("fixed
-point correction"): besides the loss at the equilibrium, apply the loss to ``N`` intermediate
+Bai, Geng, Kolter et al., "Deep Equilibrium Optical Flow Estimation", CVPR 2022 ("fixed-point
+correction"): besides the loss at the equilibrium, apply the loss to ``N`` intermediate
 states ``z_1, ..., z_N`` of the forward solver, each given a phantom (Geng et al. 2021) or one-step
 (Jacobian-free) gradient, and weight them like RAFT's sequence loss,
 
-    L = sum_{k=1}^{N} w_k ℓ(z_k),   w_k = γ^{N - k}   (γ = 0.8 in the paper's code),
+    L = sum_{k=1}^{N} w_k ℓ(z_k),   w_k = γ^{N - k}   (γ = 0.8: TorchDEQ's default weights),
 
 so that the later, more accurate states count most. The states are sampled by the solver itself
 (``sample_steps=`` on any deqjax solver, see :func:`uniform_sample_steps`) into
@@ -141,11 +141,11 @@ def correction_weights(n_states: int, gamma: float = 0.8) -> jax.Array:
 
 
 def correction_loss(losses: Sequence[jax.Array], gamma: float = 0.8) -> jax.Array:
-    """``sum_k gamma^(N - k) losses[k-1]``: the fixed-point correction loss (DEQ-flow Sec. 3.3).
+    """``sum_k gamma^(N - k) losses[k-1]``: the fixed-point correction loss (DEQ-flow).
 
     Args:
       losses: ``N`` scalar losses, ``ℓ(z_1), ..., ℓ(z_N)``, of the :func:`correction_states`.
-      gamma: the decay in ``(0, 1]`` (DEQ-flow's code: 0.8).
+      gamma: the decay in ``(0, 1]`` (0.8: TorchDEQ's default exponential weights).
     """
     losses = list(losses)
     if not losses:
