@@ -1,7 +1,7 @@
 """Forward+backward cost of each gradient strategy, and backward memory versus forward steps.
 
     python -m benchmarks.adjoints [--d 512] [--batch 128] [--repeats 10] [--out FILE]
-    python -m benchmarks.adjoints --tables comparison [--batch 32] [--radii 0.5 0.9]
+    python -m benchmarks.adjoints --tables comparison shine_k [--batch 32] [--radii 0.5 0.9]
 
 Table 1: time of ``jit(grad(loss))`` per batch for every adjoint (forward Anderson, per-example
 solves by ``vmap``, f(z) = tanh(W z + U x + b), spectral radius of W 0.9, tol 1e-4).
@@ -14,7 +14,8 @@ gradient for the implicit and unrolled adjoints with a fixed number of forward s
 Table 4 (``--tables comparison``, issue 18): every adjoint on one batch-native forward Broyden solve
 (reversible: its own solver) — fwd+bwd time, XLA temp memory, and the relative error of the
 parameter gradient against the exact implicit gradient (float64 fixed point, dense float64 adjoint
-solve per example).
+solve per example). Table 5 (``--tables shine_k``): SHINE's gradient error against its refinement
+steps.
 """
 
 from __future__ import annotations
@@ -166,6 +167,39 @@ def comparison_table(args) -> list[str]:
     return lines
 
 
+def shine_refinement_table(args) -> list[str]:
+    """Table 5: SHINE's gradient error against refinement steps k (no fallback), per radius."""
+    lines = [
+        "",
+        "SHINE gradient error vs refinement steps k (no fallback; same problem and forward solve "
+        "as the comparison; the implicit row for reference):",
+        "",
+        "| radius | " + " | ".join(f"k={k}" for k in args.shine_k) + " | implicit | one-step |",
+        "| ---: | " + " | ".join("---:" for _ in args.shine_k) + " | ---: | ---: |",
+    ]
+    for radius in args.radii:
+        params, x = tanh_layer(args.d, args.batch, radius=radius)
+        exact, _ = exact_implicit_grad(params, x)
+        solver = functools.partial(
+            dq.solvers.broyden, max_steps=args.max_steps, tol=args.tol, batch_ndim=1
+        )
+        adjoints = [dq.ShineAdjoint(refine_steps=k, fallback=None) for k in args.shine_k]
+        adjoints += [dq.ImplicitAdjoint(), dq.OneStepAdjoint()]
+        errors = []
+        for adjoint in adjoints:
+
+            def loss(p, adjoint=adjoint, x=x, solver=solver):
+                z, _ = dq.fixed_point(
+                    batch_cell, p, x, jnp.zeros_like(x), solver=solver, adjoint=adjoint
+                )
+                return jnp.mean(jnp.sum(z**2, -1))
+
+            errors.append(rel_error(jax.jit(jax.grad(loss))(params), exact))
+        lines.append(f"| {radius} | " + " | ".join(f"{e:.2e}" for e in errors) + " |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d", type=int, default=512)
@@ -176,9 +210,11 @@ def main(argv=None) -> str:
         "--tables",
         nargs="+",
         default=["per_example", "whole_batch", "memory"],
-        help="per_example, whole_batch, memory, comparison (issue 18; not run by default)",
+        help="per_example, whole_batch, memory, comparison, shine_k (the last two: issue 18; not "
+        "run by default)",
     )
     parser.add_argument("--radii", type=float, nargs="+", default=[0.5, 0.9])
+    parser.add_argument("--shine_k", type=int, nargs="+", default=[0, 1, 2, 5, 10, 20])
     parser.add_argument("--max_steps", type=int, default=50)
     parser.add_argument("--tol", type=float, default=1e-4)
     parser.add_argument("--out", default=None)
@@ -239,6 +275,8 @@ def main(argv=None) -> str:
 
     if "comparison" in args.tables:
         lines += comparison_table(args)
+    if "shine_k" in args.tables:
+        lines += shine_refinement_table(args)
 
     table = "\n".join(lines)
     print(table)
