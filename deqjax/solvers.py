@@ -6,9 +6,10 @@ backward ``u = g + Jᵀu``, e.g. ``dq.ImplicitAdjoint(solver=dq.solvers.gmres)``
 
 Each solver returns a :class:`Solution` whose ``value`` is the lowest-residual iterate seen.
 
-Solvers as data: ``FixedPointIteration``, ``Anderson``, ``Broyden``, ``GMRES``, ``BiCGStab`` and
-``NormalCG`` are frozen, hashable dataclasses whose fields are the functions' keywords (``to_dict``
-and :func:`from_dict` for configs; :func:`describe` reads any solver's settings).
+Solvers as data: ``FixedPointIteration``, ``Anderson``, ``Broyden``, ``Reversible``, ``GMRES``,
+``BiCGStab`` and ``NormalCG`` are frozen, hashable dataclasses whose fields are the functions'
+keywords (``to_dict`` and :func:`from_dict` for configs; :func:`describe` reads any solver's
+settings).
 :func:`summarize` turns a Solution into a metrics dict.
 """
 
@@ -34,6 +35,7 @@ from deqjax._src.solvers.solver_objects import (
     Broyden,
     FixedPointIteration,
     NormalCG,
+    Reversible,
     Solver,
     describe,
     from_dict,
@@ -51,6 +53,7 @@ __all__ = [
     "MAX_STEPS",
     "NONFINITE",
     "NormalCG",
+    "Reversible",
     "STATUS_NAMES",
     "Solution",
     "Solver",

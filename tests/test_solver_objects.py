@@ -19,6 +19,7 @@ OBJECTS = {
     dq.solvers.FixedPointIteration: dq.solvers.fixed_point_iteration,
     dq.solvers.Anderson: dq.solvers.anderson,
     dq.solvers.Broyden: dq.solvers.broyden,
+    dq.solvers.Reversible: dq.solvers.reversible,
     dq.solvers.GMRES: dq.solvers.gmres,
     dq.solvers.BiCGStab: dq.solvers.bicgstab,
     dq.solvers.NormalCG: dq.solvers.normal_cg,
@@ -129,6 +130,34 @@ def test_describe_reads_objects_functions_and_partials():
     d = dq.solvers.describe(functools.partial(dq.solvers.Anderson(m=2), batch_ndim=1))
     assert d["solver"] == "Anderson" and d["m"] == 2 and d["batch_ndim"] == 1
     assert dq.solvers.describe(lambda f, z0: None) == {"solver": "<lambda>"}
+
+
+def test_an_object_shows_its_settings_to_signature_inspection():
+    """inspect.signature of an object (or a partial of one) is its function's, with the object's
+    values as defaults: code that inspects solvers sees what the object runs with."""
+    sig = inspect.signature(functools.partial(dq.solvers.Broyden(memory=3), tol=1e-3))
+    assert sig.parameters["memory"].default == 3 and sig.parameters["tol"].default == 1e-3
+    assert "return_inverse" in sig.parameters  # ShineAdjoint's check passes through the partial
+
+
+@pytest.mark.parametrize(
+    "obj, fn, adjoint",
+    [
+        (dq.solvers.Reversible(max_steps=30, tol=1e-8), dq.solvers.reversible, "ReversibleAdjoint"),
+        (dq.solvers.Broyden(max_steps=30, tol=1e-8), dq.solvers.broyden, "ShineAdjoint"),
+    ],
+    ids=["reversible", "shine"],
+)
+def test_objects_drive_the_adjoints_that_need_their_solver(obj, fn, adjoint):
+    w, x, z0 = _problem()
+    adj = getattr(dq, adjoint)()
+
+    def grad(solver):
+        loss = lambda p: jnp.sum(dq.fixed_point(_cell, p, x, z0, solver=solver, adjoint=adj)[0])  # noqa: E731
+        return jax.grad(loss)(w)
+
+    want = grad(functools.partial(fn, max_steps=30, tol=1e-8))
+    np.testing.assert_allclose(grad(obj), want, rtol=1e-12, atol=1e-14)
 
 
 def test_implicit_fallback_reads_the_tolerance_of_a_solver_object():

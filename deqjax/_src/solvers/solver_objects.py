@@ -38,6 +38,7 @@ from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers import base
 from deqjax._src.solvers import broyden as broyden_lib
 from deqjax._src.solvers import fixed_point_iteration as fpi_lib
+from deqjax._src.solvers import reversible as reversible_lib
 
 PyTree = Any
 
@@ -54,6 +55,24 @@ def _keyword_parameters(function: Callable[..., Any]) -> list[inspect.Parameter]
     return [p for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
 
+class _SignatureOfFunction:
+    """``solver.__signature__``: the function's signature with the object's field values as the
+    keywords' defaults, so code that inspects a solver (``inspect.signature``, also through a
+    ``functools.partial``) sees what the object runs with. ``None`` on the class itself."""
+
+    def __get__(self, obj: Solver | None, objtype: type | None = None) -> inspect.Signature | None:
+        if obj is None:
+            return None
+        sig = inspect.signature(obj.function)
+        fields = obj.to_dict(with_name=False)
+        return sig.replace(
+            parameters=[
+                p.replace(default=fields[p.name]) if p.name in fields else p
+                for p in sig.parameters.values()
+            ]
+        )
+
+
 class Solver:
     """Base class of the solver objects; a subclass names its function, e.g.
     ``class Anderson(Solver, function=anderson)``, and gets that function's keyword arguments as
@@ -68,6 +87,7 @@ class Solver:
     function: ClassVar[Callable[..., base.Solution]]
     loop_kinds: ClassVar[tuple[str, ...]]
     batch_native: ClassVar[bool]
+    __signature__ = _SignatureOfFunction()
 
     def __init_subclass__(cls, *, function: Callable[..., base.Solution], **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -92,7 +112,12 @@ class Solver:
             loop_lib.check_loop_kind(kw["loop"])
             kw["loop"] = "while"  # "python" cannot be traced; the kind itself is checked above
         z0 = jnp.zeros((1,) * batch_ndim)
-        jax.eval_shape(lambda: self.function(lambda z: 0.5 * z, z0, **kw).value)
+
+        def trial():
+            out = self.function(lambda z: 0.5 * z, z0, **kw)
+            return out if isinstance(out, base.Solution) else out[0]  # e.g. return_state=True
+
+        jax.eval_shape(lambda: trial().value)
 
     def __call__(
         self, f: Callable[[PyTree], PyTree], z0: PyTree, /, **overrides: Any
@@ -134,6 +159,11 @@ class Anderson(Solver, function=anderson_lib.anderson):
 
 class Broyden(Solver, function=broyden_lib.broyden):
     """:func:`deqjax.solvers.broyden` as a frozen object (fields: its keywords)."""
+
+
+class Reversible(Solver, function=reversible_lib.reversible):
+    """:func:`deqjax.solvers.reversible` as a frozen object (fields: its keywords); the forward
+    solver of :class:`~deqjax.ReversibleAdjoint`."""
 
 
 class GMRES(Solver, function=linear_solvers.gmres):
