@@ -272,20 +272,23 @@ def test_check_grads_fixed_steps():
 
 
 @pytest.mark.slow
-def test_non_float_input_leaves_and_pytree_state():
+def test_non_float_input_leaves_keys_and_pytree_state():
     p = tanh_params()
 
     def cell(p, x, z):
-        feats, idx = x
+        feats, idx, key = x
         a, b = z
-        h = jnp.tanh(a @ p["W"].T + feats[idx] + p["b"])
+        noise = 0.1 * jax.random.normal(key, (D,), a.dtype)
+        h = jnp.tanh(a @ p["W"].T + feats[idx] + p["b"] + noise)
         return h, 0.5 * jnp.tanh(b + h[:2])
 
-    x = (jnp.linspace(-1.0, 1.0, D), jnp.arange(D)[::-1])
+    x = (jnp.linspace(-1.0, 1.0, D), jnp.arange(D)[::-1], jax.random.key(3))
     z0 = (jnp.zeros(D), jnp.zeros(2))
 
     def loss(p, feats, adjoint):
-        z, _ = dq.fixed_point(cell, p, (feats, x[1]), z0, solver=solver(tol=1e-4), adjoint=adjoint)
+        z, _ = dq.fixed_point(
+            cell, p, (feats, *x[1:]), z0, solver=solver(tol=1e-4), adjoint=adjoint
+        )
         return jnp.sum(z[0] ** 2) + jnp.sum(z[1])
 
     g1 = jax.grad(loss, (0, 1))(p, x[0], dq.ReversibleAdjoint())

@@ -30,9 +30,8 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from deqjax._src import tree
+from deqjax._src import checks, tree
 from deqjax._src.solvers import base
 
 PyTree = Any
@@ -51,8 +50,7 @@ def uniform_sample_steps(max_steps: int, n_states: int) -> tuple[int, ...]:
       ValueError: unless ``1 <= n_states <= max_steps``.
     """
     for name, v in (("max_steps", max_steps), ("n_states", n_states)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
+        checks.check_positive_int(v, name)
     if n_states > max_steps:
         raise ValueError(f"n_states must be <= max_steps={max_steps}, got {n_states}.")
     return tuple(int(round(max_steps * i / n_states)) for i in range(1, n_states + 1))
@@ -102,8 +100,7 @@ def correction_states(
     """
     if gradient not in GRADIENTS:
         raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}.")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}.")
+    checks.check_positive_int(steps, "steps")
     if not 0.0 < tau <= 1.0:
         raise ValueError(f"tau must be in (0, 1], got {tau!r}.")
     if not callable(cell_fn):
@@ -133,8 +130,7 @@ def correction_states(
 
 def correction_weights(n_states: int, gamma: float = 0.8) -> jax.Array:
     """DEQ-flow's weights ``w_k = gamma^(N - k)``, ``k = 1..N`` (the last state weighs 1)."""
-    if isinstance(n_states, bool) or not isinstance(n_states, (int, np.integer)) or n_states < 1:
-        raise ValueError(f"n_states must be an int >= 1, got {n_states!r}.")
+    checks.check_positive_int(n_states, "n_states")
     if not 0.0 < gamma <= 1.0:
         raise ValueError(f"gamma must be in (0, 1], got {gamma!r}.")
     return jnp.asarray([gamma ** (n_states - k) for k in range(1, n_states + 1)])

@@ -26,7 +26,9 @@ CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
 
 
 def _is_float(leaf: Any) -> bool:
-    return jnp.issubdtype(tree.leaf_dtype(leaf), jnp.inexact)
+    """A differentiable leaf: a float array or Python float (not ints, bools or PRNG keys)."""
+    dtype = leaf.dtype if hasattr(leaf, "dtype") else jnp.asarray(leaf).dtype
+    return jnp.issubdtype(dtype, jnp.inexact)
 
 
 def _split(t: PyTree) -> tuple[list, Callable[[list], PyTree]]:
@@ -218,7 +220,13 @@ class ReversibleAdjoint(adjoints.Adjoint):
                 f"its gradient reverses the solver's steps, which other solvers cannot; got "
                 f"{solver!r}."
             )
-        stop = jax.lax.stop_gradient
+
+        def stop(t):  # float leaves only: ints, PRNG keys and Python values pass as they are
+            return jax.tree_util.tree_map(
+                lambda a: jax.lax.stop_gradient(a) if _is_float(a) else a,
+                t,
+            )
+
         p_sg, x_sg = stop(params), stop(x)
         extra = {} if self.checkpoint_every is None else {"checkpoint_every": self.checkpoint_every}
         out = solver(lambda z: f(p_sg, x_sg, z), stop(z0), return_state=True, **extra)

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import adjoints, implicit_diff, tree
+from deqjax._src import adjoints, checks, implicit_diff, tree
 from deqjax._src.solvers import base
 from deqjax._src.solvers import broyden as broyden_lib
 
@@ -231,12 +231,8 @@ class ShineAdjoint(adjoints.Adjoint):
     fallback: adjoints.ImplicitAdjoint | None = adjoints.ImplicitAdjoint()
 
     def __post_init__(self):
-        k = self.refine_steps
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"refine_steps must be an int >= 0, got {k!r}.")
-        if isinstance(self.fallback_tol, bool) or not isinstance(self.fallback_tol, (int, float)):
-            raise ValueError(f"fallback_tol must be a float > 0, got {self.fallback_tol!r}.")
-        if not self.fallback_tol > 0:
+        checks.check_int(self.refine_steps, "refine_steps", minimum=0)
+        if not checks.check_real(self.fallback_tol, "fallback_tol") > 0:
             raise ValueError(f"fallback_tol must be > 0, got {self.fallback_tol!r}.")
         if self.fallback is not None and not isinstance(self.fallback, adjoints.ImplicitAdjoint):
             raise ValueError(

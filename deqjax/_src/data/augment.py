@@ -9,6 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from deqjax._src import checks
+
 
 def random_crop_flip(key: jax.Array, images: jax.Array, *, pad: int = 4) -> jax.Array:
     """Per image: zero-pad by ``pad`` pixels, crop back at a uniform offset in ``[0, 2 pad]``,
@@ -27,8 +29,7 @@ def random_crop_flip(key: jax.Array, images: jax.Array, *, pad: int = 4) -> jax.
     """
     if jnp.ndim(images) != 4:
         raise ValueError(f"images must be [B, H, W, C], got shape {jnp.shape(images)}.")
-    if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
-        raise ValueError(f"pad must be an int >= 0, got {pad!r}.")
+    checks.check_int(pad, "pad", minimum=0)
     b, h, w, c = images.shape
     k_dy, k_dx, k_flip = jax.random.split(key, 3)
     dy = jax.random.randint(k_dy, (b,), 0, 2 * pad + 1)

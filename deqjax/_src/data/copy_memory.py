@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from deqjax._src import checks
+
 NUM_DIGITS = 10
 VOCAB = 10  # 0 blank, 1..8 digits, 9 delimiter
 
@@ -81,8 +83,7 @@ class CopyMemoryBatches:
 
     def __init__(self, *, seed: int, batch_size: int, seq_len: int):
         for name, value in (("batch_size", batch_size), ("seq_len", seq_len)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+            checks.check_positive_int(value, name)
         self.seed, self.batch_size, self.seq_len = int(seed), int(batch_size), int(seq_len)
         self.local_batch_size = self.batch_size
         self.restore(CopyMemoryState(0))

@@ -37,7 +37,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import adjoints
+from deqjax._src import adjoints, checks
 from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src.models import jr_aux
 from deqjax._src.nn import deq as deq_lib
@@ -56,8 +56,7 @@ def budget_solver(budget: int, *, tol: float, m: int = 5) -> base.SolverFn:
     Raises:
       ValueError: if ``budget`` is not an int ``>= 1``.
     """
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ValueError(f"budget must be an int >= 1, got {budget!r}.")
+    checks.check_positive_int(budget, "budget")
     return solver_objects.Anderson(max_steps=budget, tol=tol, m=m)
 
 
@@ -135,8 +134,7 @@ class MDEQClassifier(hk.Module):
             ("head_grid", head_grid),
             ("stem_stride", stem_stride),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{arg} must be an int >= 1, got {value!r}.")
+            checks.check_positive_int(value, arg)
         jr_aux.check_regularizer(regularizer)
         self.channels = channels
         self.num_classes = num_classes

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from deqjax._src import adjoints, initializers
+from deqjax._src import adjoints, checks, initializers
 from deqjax._src import jacobian as jacobian_lib
 from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src.nn import deq as deq_lib
@@ -86,9 +86,8 @@ class MLPClassifier(hk.Module):
         name: str | None = None,
     ):
         super().__init__(name=name)
-        for arg, value in (("width", width), ("num_classes", num_classes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{arg} must be an int >= 1, got {value!r}.")
+        checks.check_positive_int(width, "width")
+        checks.check_positive_int(num_classes, "num_classes")
         if cell_form not in ("resnet", "single"):
             raise ValueError(f"cell_form must be 'resnet' or 'single', got {cell_form!r}.")
         self.width, self.num_classes, self.hidden, self.cell_form = (

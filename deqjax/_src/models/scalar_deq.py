@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax._src import jacobian
+from deqjax._src import checks, jacobian
 from deqjax._src.solvers import base
 
 Params = dict[str, jax.Array]
@@ -60,8 +60,7 @@ class ScalarDEQ:
     hidden: int = 50
 
     def __post_init__(self):
-        if isinstance(self.hidden, bool) or not isinstance(self.hidden, int) or self.hidden < 1:
-            raise ValueError(f"hidden must be an int >= 1, got {self.hidden!r}.")
+        checks.check_positive_int(self.hidden, "hidden")
 
     def init(self, key: jax.Array) -> Params:
         """The ``4 * hidden`` float32 parameters ``W1, U, b, W2``."""

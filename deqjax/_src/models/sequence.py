@@ -37,7 +37,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import adjoints
+from deqjax._src import adjoints, checks
 from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src.models import jr_aux
 from deqjax._src.nn import deq as deq_lib
@@ -202,8 +202,7 @@ class SequenceBackbone(hk.Module):
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
         if cell not in CELLS:
             raise ValueError(f"cell must be one of {CELLS}, got {cell!r}.")
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be an int >= 1, got {depth!r}.")
+        checks.check_positive_int(depth, "depth")
         jr_aux.check_regularizer(regularizer)
         self.kind = kind
         self.cell = cell

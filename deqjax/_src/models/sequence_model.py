@@ -21,6 +21,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+from deqjax._src import checks
 from deqjax._src.models import sequence
 
 
@@ -57,8 +58,7 @@ class SequenceModel(hk.Module):
         **backbone_kwargs: Any,
     ):
         super().__init__(name=name)
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-            raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}.")
+        checks.check_positive_int(vocab_size, "vocab_size")
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.cell = cell

@@ -183,8 +183,7 @@ def broyden(
     checks.check_bool(line_search, "line_search")
     if not divergence_factor > 1.0:
         raise ValueError(f"divergence_factor must be > 1, got {divergence_factor}.")
-    if not isinstance(return_inverse, bool):
-        raise ValueError(f"return_inverse must be a bool, got {return_inverse!r}.")
+    checks.check_bool(return_inverse, "return_inverse")
     mem = max_steps if memory is None else memory
     rdtype = tree.reduction_dtype(z0)
     batch_shape = tuple(jax.tree_util.tree_leaves(z0)[0].shape[:batch_ndim])

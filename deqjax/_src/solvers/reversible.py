@@ -35,10 +35,9 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from deqjax._src import checks, tree
 from deqjax._src import loop as loop_lib
-from deqjax._src import tree
 from deqjax._src.solvers import base
 
 PyTree = Any
@@ -206,8 +205,7 @@ def reversible(
     beta = check_beta(beta)
     if not divergence_factor > 1.0:
         raise ValueError(f"divergence_factor must be > 1, got {divergence_factor}.")
-    if not isinstance(return_state, bool):
-        raise ValueError(f"return_state must be a bool, got {return_state!r}.")
+    checks.check_bool(return_state, "return_state")
     check_checkpoint_every(checkpoint_every)
     sample_steps = base.check_sample_steps(sample_steps, max_steps)
     n_checkpoints = max_steps // checkpoint_every if checkpoint_every and return_state else 0
@@ -358,12 +356,7 @@ def reversible(
 
 def check_checkpoint_every(checkpoint_every: Any) -> None:
     """``ValueError`` unless ``checkpoint_every`` is ``None`` or an int ``>= 1``."""
-    if checkpoint_every is None:
-        return
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)):
-        raise ValueError(f"checkpoint_every must be None or an int >= 1, got {checkpoint_every!r}.")
-    if checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be None or an int >= 1, got {checkpoint_every}.")
+    checks.check_int(checkpoint_every, "checkpoint_every", allow_none=True)
 
 
 def _stored_pair(state: ReversibleState, index: jax.Array, batch_ndim: int):
