@@ -45,3 +45,20 @@ def test_shine_and_fixed_point_correction_names():
     ]:
         assert callable(getattr(dq, name))
     assert {"samples", "inverse_estimate"} <= set(dq.solvers.Solution._fields)
+
+
+def test_solver_objects_and_summary_names():
+    for name in [
+        "FixedPointIteration",
+        "Anderson",
+        "Broyden",
+        "Reversible",
+        "GMRES",
+        "BiCGStab",
+        "NormalCG",
+    ]:
+        assert issubclass(getattr(dq.solvers, name), dq.solvers.Solver)
+    for name in ["summarize", "describe", "from_dict"]:
+        assert callable(getattr(dq.solvers, name))
+    for name in dq.solvers.__all__:
+        assert hasattr(dq.solvers, name)
