@@ -1,7 +1,9 @@
 """Train-step throughput and a peak-memory proxy of the LM: DEQ vs explicit transformers (issue 8).
 
-The models of ``experiments/language_model.py`` at one width (defaults: ``d_model`` 64, 4 heads,
-``d_ff`` 128, vocabulary 2000, batch 16, Transformer-XL memory of one segment, post-LN, float32):
+The models of ``experiments/language_model.py`` (``dq.models.SequenceModel``; the train step is
+``dq.training.train_step`` over ``dq.models.lm_loss``, memory carried) at one width (defaults:
+``d_model`` 64, 4 heads, ``d_ff`` 128, vocabulary 2000, batch 16, Transformer-XL memory of one
+segment, post-LN, float32):
 
 * ``deq``: the DEQ-Transformer; the forward Anderson solve runs exactly ``L`` steps (``tol = 0``),
   so its forward NFE equals the explicit models' depth; implicit backward with the same solver
@@ -28,61 +30,82 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
+import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
+import deqjax as dq
 from benchmarks import common
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(_ROOT, "experiments"))
-import _seq_common  # noqa: E402
-import language_model as lm  # noqa: E402
+from deqjax import training
 
 MODELS = ("deq", "deq+jr", "tied", "untied")
+
+
+def build(kind: str, *, depth: int, gamma: float, args) -> hk.Transformed:
+    """``experiments/language_model.py``'s model: ``apply(params, rng, tokens, mems, train)``."""
+    solver = dq.solvers.Anderson(max_steps=depth, tol=0.0, m=5)  # exactly `depth` evaluations
+    reg = dq.regularization.JacobianRegularizer(gamma) if gamma > 0 else None
+
+    def forward(tokens, mems, is_training):
+        model = dq.models.SequenceModel(
+            args.vocab_size,
+            kind,
+            d_model=args.d_model,
+            num_heads=args.num_heads,
+            depth=depth,
+            pre_ln=args.pre_ln,
+            solver=solver,
+            regularizer=reg,
+            embed_init=hk.initializers.RandomNormal(0.02),
+        )
+        return model(tokens, mems, is_training=is_training)
+
+    return hk.transform(forward)
 
 
 def measure(model: str, *, depth: int, seq_len: int, args) -> dict:
     """Compiles one train step and times it; returns the row of the table."""
     kind = "deq" if model.startswith("deq") else model
     gamma = args.jr_gamma if model == "deq+jr" else 0.0
-    argv = ["--d_model", str(args.d_model), "--num_heads", str(args.num_heads)]
-    argv += ["--seq_len", str(seq_len), "--batch_size", str(args.batch_size)]
-    argv += ["--max_steps", str(depth), "--tol", "0", "--jr_gamma", str(gamma)]
-    argv += (["--pre_ln"] if args.pre_ln else []) + ([] if args.memory else ["--no-memory"])
-    lm_args = lm.parse_args(argv)
-    transformed = lm.build(kind, lm_args, args.vocab_size, depth)
+    transformed = build(kind, depth=depth, gamma=gamma, args=args)
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, args.vocab_size, (args.batch_size, seq_len)), jnp.int32)
     targets = jnp.asarray(rng.integers(0, args.vocab_size, (args.batch_size, seq_len)), jnp.int32)
-    mems = lm.initial_mems(kind, depth, lm_args)
+    mems = None
+    if args.memory:
+        mems = dq.models.initial_memory(
+            kind, batch_size=args.batch_size, memory_length=seq_len, d_model=args.d_model,
+            depth=depth,
+        )  # fmt: skip
     params = transformed.init(jax.random.PRNGKey(0), tokens, mems, True)
-    opt, _, train_step = lm.make_steps(transformed, lm_args)
-    opt_state = opt.init(params)
-    key = jax.random.PRNGKey(1)
+    opt = optax.chain(optax.clip_by_global_norm(0.25), optax.adam(5e-3))  # the experiment's
+    loss_fn = dq.models.lm_loss(transformed, memory_length=seq_len if args.memory else None)
+    pair = training.train_step(loss_fn, opt, axis_name=None, with_carry=True)
+    batch = {"inputs": tokens, "targets": targets, "reset": jnp.zeros((args.batch_size,), bool)}
+    carry = () if mems is None else mems
     t0 = time.perf_counter()
-    step, memory = _seq_common.compile_with_memory(
-        train_step, params, opt_state, key, tokens, targets, mems
+    step, memory = training.compile_with_memory(
+        pair.update, pair.init(params, jax.random.PRNGKey(1), carry=carry), batch
     )
     compile_s = time.perf_counter() - t0
-    state = [params, opt_state]
+    state = [pair.init(params, jax.random.PRNGKey(1), carry=carry)]
 
     def one_step():
-        state[0], state[1], nll, aux = step(state[0], state[1], key, tokens, targets, mems)
-        return nll, aux
+        state[0], metrics = step(state[0], batch)
+        return metrics
 
     step_s = common.time_fn(one_step, repeats=args.repeats)  # median after one warm-up step
-    _, aux = one_step()
-    nfe = float(aux["nfe"])  # tol = 0: every step runs exactly `depth` forward evaluations
+    nfe = float(one_step()["nfe"])  # tol = 0: every step runs exactly `depth` evaluations
     return {
         "model": model,
         "seq_len": seq_len,
         "depth": depth,
-        "params": _seq_common.param_count(params),
+        "params": int(sum(x.size for x in jax.tree.leaves(params))),
         "nfe": nfe,
         "step_ms": 1e3 * step_s,
         "tokens_per_s": args.batch_size * seq_len / step_s,

@@ -1,19 +1,20 @@
 """MDEQ classifier throughput (issue 8, Benchmark): train images/s with JR off / on, inference
 images/s at a few budgets, and a peak-memory proxy.
 
-The model is ``experiments/cifar10_mdeq.py`` at its default flags (``MultiscaleCell`` channels
-(8, 16) on a stride-2 stem, Anderson ``max_steps = --train_budget`` forward, implicit backward
-with Anderson, readout ``f(z*)``), on 32×32×3 batches of the offline CIFAR-10 stand-in
-(Fashion-MNIST padded; CIFAR-10 itself when present), float32, freshly initialised parameters.
+The model is ``dq.models.MDEQClassifier`` at ``experiments/cifar10_mdeq.py``'s default flags
+(``MultiscaleCell`` channels (8, 16) on a stride-2 stem, expansion 2, Anderson ``max_steps = 6``
+forward, implicit backward with Anderson (6 steps), readout ``f(z*)`` as the solver returned it),
+on 32×32×3 batches of the offline CIFAR-10 stand-in (Fashion-MNIST padded; CIFAR-10 itself when
+present), standardised, float32, freshly initialised parameters.
 
 * **Train**: one jitted Adam step (forward solve, readout, CE loss, implicit backward; JR on adds
   one Hutchinson sample of ``||J_f(z*)||²_F`` and its gradient, ``γ = 0.5``). Median over
   ``--repeats`` rounds after a warm-up call; every round runs each case once (train JR off, JR
   on, each budget), so a change of load on the shared CPU hits all cases alike. images/s = batch
   / median.
-* **Inference**: the jitted forward at budget ``b`` (the experiment's rule: ``b = 1`` reads
-  ``f(z0)`` with no solve; ``b ≥ 2`` runs Anderson with ``max_steps = b`` and reads
-  ``f(z_best)``), same timing.
+* **Inference**: the jitted forward at budget ``b`` (``dq.models.budget_solver``: Anderson with
+  ``max_steps = b``, the head reads ``f(z_best)``; ``b = 1`` evaluates only ``f(z0)``), same
+  timing.
 * **Memory proxy**: XLA's ``compiled.memory_analysis().temp_size_in_bytes`` of each compiled
   function: the scratch buffers the program plans (activations, solver buffers), not a measured
   process peak.
@@ -28,25 +29,41 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from typing import Any, Callable, NamedTuple
 
+import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+import deqjax as dq
 from benchmarks.common import machine
+from deqjax import data, training
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(_ROOT, "experiments"))
+# experiments/cifar10_mdeq.py's defaults
+CONFIG = dict(channels=(8, 16), num_groups=4, expansion=2, stem_stride=2, head_grid=4)
+TRAIN_BUDGET, BACKWARD_STEPS, TOL, BACKWARD_TOL, LR, CLIP = 6, 6, 1e-3, 1e-4, 3e-3, 1.0
 
-import _seq_common  # noqa: E402
-import cifar10_mdeq as cm  # noqa: E402
 
-from deqjax import data  # noqa: E402
+def build(*, gamma: float = 0.0, budget: int = 1) -> hk.Transformed:
+    """``apply(params, rng, images, is_training) -> (logits, aux)``."""
+    anderson = lambda steps, tol: dq.solvers.Anderson(max_steps=steps, tol=tol, m=5)  # noqa: E731
+    reg = dq.regularization.JacobianRegularizer(gamma) if gamma > 0 else None
+
+    def forward(images, is_training):
+        model = dq.models.MDEQClassifier(
+            **CONFIG,
+            solver=anderson(TRAIN_BUDGET, TOL),
+            eval_solver=dq.models.budget_solver(budget, tol=TOL),
+            adjoint=dq.ImplicitAdjoint(solver=anderson(BACKWARD_STEPS, BACKWARD_TOL)),
+            regularizer=reg,
+        )
+        return model(images, is_training=is_training)
+
+    return hk.transform(forward)
 
 
 class Case(NamedTuple):
@@ -63,22 +80,21 @@ class Case(NamedTuple):
 def _compile(fn, *args):
     """``(compiled, temp bytes or None, compile seconds)`` of ``jax.jit(fn)`` at ``args``."""
     t0 = time.perf_counter()
-    compiled, memory = _seq_common.compile_with_memory(fn, *args)
+    compiled, memory = training.compile_with_memory(fn, *args)
     seconds = time.perf_counter() - t0
     return compiled, None if memory is None else memory["temp_bytes"], seconds
 
 
-def train_case(cfg, params, images, labels, *, gamma: float) -> Case:
+def train_case(params, images, labels, *, gamma: float) -> Case:
     """One jitted Adam step of the experiment's model (JR on iff ``gamma > 0``)."""
-    model = cm.build(cfg, 1)
-    opt = optax.chain(optax.clip_by_global_norm(cfg.clip), optax.adam(cfg.learning_rate))
-    samples = 1 if gamma > 0 else 0
+    model = build(gamma=gamma)
+    opt = optax.chain(optax.clip_by_global_norm(CLIP), optax.adam(LR))
 
     def step(params, opt_state, key, x, y):
         def loss_fn(p):
-            logits, aux = model.apply(p, key, x, True, samples)
+            logits, aux = model.apply(p, key, x, True)
             ce = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-            return ce + gamma * aux["jac"], jnp.mean(aux["nfe"].astype(jnp.float32))
+            return ce + aux["jr"], aux["solver"]["nfe"]
 
         (_, nfe), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = opt.update(grads, opt_state, params)
@@ -90,13 +106,13 @@ def train_case(cfg, params, images, labels, *, gamma: float) -> Case:
     return Case(f"train, JR {jr}", compiled, args, images.shape[0], temp, compile_s)
 
 
-def inference_case(cfg, params, images, *, budget: int) -> Case:
+def inference_case(params, images, *, budget: int) -> Case:
     """The jitted forward at inference budget ``budget`` (the experiment's readout rule)."""
-    model = cm.build(cfg, budget)
+    model = build(budget=budget)
 
     def predict(params, x):
-        logits, aux = model.apply(params, None, x, False, 0)
-        return logits, jnp.mean(aux["nfe"].astype(jnp.float32))
+        logits, aux = model.apply(params, None, x, False)
+        return logits, aux["solver"]["nfe"]
 
     compiled, temp, compile_s = _compile(predict, params, images)
     what = f"inference, budget b={budget}"
@@ -131,12 +147,13 @@ def time_cases(cases: list[Case], repeats: int) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], cfg, source: str, repeats: int) -> str:
+def markdown(rows: list[dict], source: str, repeats: int) -> str:
     mib = lambda b: "n/a" if b is None else f"{b / 2**20:.1f}"  # noqa: E731
     lines = [
         f"Machine: {machine()}. Data: {source}. Model: cifar10_mdeq defaults (channels "
-        f"{cfg.channels}, expansion {cfg.expansion}, stem stride {cfg.stem_stride}, train "
-        f"Anderson ≤{cfg.train_budget} / backward ≤{cfg.backward_steps}), float32, fresh "
+        f"{CONFIG['channels']}, expansion {CONFIG['expansion']}, stem stride "
+        f"{CONFIG['stem_stride']}, train Anderson ≤{TRAIN_BUDGET} / backward ≤{BACKWARD_STEPS}), "
+        "float32, fresh "
         f"parameters; median of {repeats} interleaved rounds after compile. Memory = XLA temp "
         "bytes of the compiled function (proxy for peak, not a measured peak).",
         "",
@@ -163,24 +180,24 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--gamma", type=float, default=0.5, help="JR strength of the JR-on row")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = p.parse_args(argv)
-    cfg = cm.parse_args([])
     ds = data.load_image_dataset("cifar10", allow_standin=True)
-    preprocess = cm.Preprocess(ds.train["image"])
+    sample = ds.train["image"][:10000].astype(np.float32) / 255.0
+    mean, std = float(sample.mean()), float(sample.std()) + 1e-6
     n = max(args.batch_size, args.eval_batch_size)
-    images = jnp.asarray(preprocess(ds.train["image"][:n]))
+    images = jnp.asarray((ds.train["image"][:n].astype(np.float32) / 255.0 - mean) / std)
     labels = jnp.asarray(ds.train["label"][:n])
-    init = jax.jit(cm.build(cfg, 1).init, static_argnums=(2, 3))
-    params = init(jax.random.PRNGKey(0), images[:2], False, 0)
+    init = jax.jit(build().init, static_argnums=2)
+    params = init(jax.random.PRNGKey(0), images[:2], False)
     cases = [
-        train_case(cfg, params, images[: args.batch_size], labels[: args.batch_size], gamma=gamma)
+        train_case(params, images[: args.batch_size], labels[: args.batch_size], gamma=gamma)
         for gamma in (0.0, args.gamma)
     ]
     cases += [
-        inference_case(cfg, params, images[: args.eval_batch_size], budget=int(b))
+        inference_case(params, images[: args.eval_batch_size], budget=int(b))
         for b in args.budgets.split(",")
     ]
     rows = time_cases(cases, args.repeats)
-    print(markdown(rows, cfg, ds.source, args.repeats))
+    print(markdown(rows, ds.source, args.repeats))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=2)

@@ -1,47 +1,39 @@
-"""Smoke runs of ``experiments/copy_memory.py`` (issue 8).
+"""The copy-memory task (``dq.data.copy_memory_*``, ``CopyMemoryBatches``) and a smoke run of
+``experiments/copy_memory.py`` (a subprocess, ``_run_experiment.run_smoke``).
 
-The smoke run is a subprocess (``_run_experiment.run_smoke``); its outputs are checked for the
-data-source label and finite metrics. The task generator and its reference loss are checked exactly.
+The task generator and its reference loss are checked exactly.
 """
 
 from __future__ import annotations
 
 import math
-import pathlib
-import sys
 
 import numpy as np
+import pytest
 from _run_experiment import run_smoke
 
+import deqjax as dq
 
+
+@pytest.mark.slow  # five fits with checkpoints: minutes on a loaded 2-core machine
 def test_copy_memory_smoke(tmp_path):
-    summary = run_smoke("copy_memory.py", tmp_path, "--models", "deq:transformer,tied:trellis")
+    summary = run_smoke("copy_memory", tmp_path, "--models", "deq:transformer,tied:trellis")
     assert summary["data_source"].startswith("synthetic copy-memory")
     models = [r["model"] for r in summary["results"]]
     assert models == ["deq:transformer", "tied:trellis"]
     for r in summary["results"]:
         assert math.isfinite(r["test_loss"]) and r["test_loss"] > 0
         assert 0.0 <= r["test_copy_accuracy"] <= 1.0
+        assert len(r["history"]["loss"]) == 3  # --smoke: 3 steps, each logged
     deq, tied = summary["results"]
     assert 1 <= deq["forward_nfe_eval"] <= 4  # --smoke: Anderson max_steps=4
     assert tied["forward_nfe_eval"] == 2  # --smoke: depth 2
-    assert (tmp_path / "loss.png").exists()
-
-
-def _copy_memory_module():
-    path = pathlib.Path(__file__).resolve().parents[1] / "experiments"
-    sys.path.insert(0, str(path))
-    try:
-        import copy_memory
-    finally:
-        sys.path.remove(str(path))
-    return copy_memory
+    assert (tmp_path / "loss.png").exists() and (tmp_path / "residual.png").exists()
 
 
 def test_make_batch_layout_and_blank_only_loss():
-    cm = _copy_memory_module()
     t = 7
-    inputs, targets = cm.make_batch(np.random.default_rng(0), batch_size=64, seq_len=t)
+    inputs, targets = dq.data.copy_memory_batch(np.random.default_rng(0), batch_size=64, seq_len=t)
     assert inputs.shape == targets.shape == (64, t + 20)
     digits = inputs[:, :10]
     assert digits.min() >= 1 and digits.max() <= 8 and len(np.unique(digits)) == 8
@@ -57,20 +49,36 @@ def test_make_batch_layout_and_blank_only_loss():
     probs[:-10, 0] = 1.0
     probs[-10:, 1:9] = 1.0 / 8.0
     nll = -np.log(probs[np.arange(t + 20)[None, :], targets])
-    np.testing.assert_allclose(nll.mean(), cm.blank_only_loss(t), rtol=1e-12)
+    np.testing.assert_allclose(nll.mean(), dq.data.copy_memory_blank_loss(t), rtol=1e-12)
+
+
+def test_batches_follow_one_generator_and_restore_by_replay():
+    it = dq.data.CopyMemoryBatches(seed=3, batch_size=4, seq_len=5)
+    assert isinstance(it, dq.data.BatchIterator)
+    rng = np.random.default_rng(3)  # the experiment's stream: one generator, batch after batch
+    for _ in range(3):
+        inputs, targets = dq.data.copy_memory_batch(rng, batch_size=4, seq_len=5)
+        batch = next(it)
+        np.testing.assert_array_equal(batch["inputs"], inputs)
+        np.testing.assert_array_equal(batch["targets"], targets)
+    assert it.state == dq.data.CopyMemoryState(drawn=3)
+    resumed = dq.data.CopyMemoryBatches(seed=3, batch_size=4, seq_len=5)
+    resumed.restore(dq.data.state_dict(it.state))
+    np.testing.assert_array_equal(next(resumed)["inputs"], next(it)["inputs"])
+    with pytest.raises(ValueError, match="batch_size"):
+        dq.data.CopyMemoryBatches(seed=0, batch_size=0, seq_len=5)
 
 
 def test_trellis_reach():
-    cm = _copy_memory_module()
-    assert cm.trellis_reach(20, 2) == 20
-    assert cm.trellis_reach(6, 5) == 24
+    assert dq.models.trellis_reach(20, 2) == 20
+    assert dq.models.trellis_reach(6, 5) == 24
 
 
 def test_steps_to_learn():
-    cm = _copy_memory_module()
+    learn = dq.data.copy_memory_steps_to_learn
     plateau, solved = [0.3] * 50, [0.001] * 50
     # The 20-step mean drops below 0.03 once 19 of its 20 entries are solved (2 plateau entries
     # still give 0.0309): the window 49..68, step 68.
-    assert cm.steps_to_learn(plateau + solved, 0.3) == 68
-    assert cm.steps_to_learn(plateau, 0.3) is None
-    assert cm.steps_to_learn([0.0] * 5, 0.3) is None  # shorter than the window
+    assert learn(plateau + solved, 0.3) == 68
+    assert learn(plateau, 0.3) is None
+    assert learn([0.0] * 5, 0.3) is None  # shorter than the window

@@ -1,44 +1,37 @@
-"""``experiments/language_model.py`` (issue 8): Transformer-XL memory of the shared backbone, and
-smoke runs.
+"""Sequence models with memory (``dq.models``), LM batches (``dq.data.LMBatches``), the LM memory as
+``fit``'s carry (and its resume), and smoke runs of ``experiments/language_model.py``.
 
-The memory tests call ``experiments/_seq_common.backbone`` in-process on tiny sizes (float64, the
-suite's strict promotion). The smoke runs are subprocesses (``_run_experiment.run_smoke``); their
-outputs are checked for the data-source label and finite metrics.
+The memory tests run ``dq.models.SequenceBackbone`` in-process on tiny sizes (float64, the suite's
+strict promotion). The smoke runs are subprocesses (``_run_experiment.run_smoke``).
 """
 
 from __future__ import annotations
 
 import math
-import sys
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
-from _run_experiment import ROOT, run_smoke
+from _run_experiment import run_smoke
 
-sys.path.insert(0, str(ROOT / "experiments"))
-import _seq_common as common  # noqa: E402
+import deqjax as dq
 
 B, T, M, D, DEPTH = 2, 4, 3, 8, 3
 
 
-def _model(kind: str, depth: int = DEPTH) -> hk.Transformed:
+def _model(kind: str, depth: int = DEPTH, cell: str = "transformer") -> hk.Transformed:
     def forward(x, mems):
-        return common.backbone(
-            x,
-            mems,
-            kind=kind,
-            cell="transformer",
+        return dq.models.SequenceBackbone(
+            kind,
+            cell,
             d_model=D,
             num_heads=2,
             depth=depth,
-            pre_ln=False,
-            max_steps=6,
-            tol=1e-4,
-            is_training=False,
-        )
+            solver=dq.solvers.Anderson(max_steps=6, tol=1e-4, m=5),
+        )(x, mems, is_training=False)
 
     model = hk.without_apply_rng(hk.transform(forward))
     return hk.Transformed(jax.jit(model.init), jax.jit(model.apply))
@@ -71,8 +64,7 @@ def test_explicit_per_layer_memory_holds_each_layers_input(tied):
     np.testing.assert_allclose(new[1], z1, rtol=1e-12, atol=1e-12)
     z2, _ = _model("tied", depth=2).apply(params, x, mems[:2])
     np.testing.assert_allclose(new[2], z2, rtol=1e-12, atol=1e-12)
-    # Without memory, no memory comes back.
-    _, aux_none = model.apply(params, x, None)
+    _, aux_none = model.apply(params, x, None)  # without memory, no memory comes back
     assert "new_mems" not in aux_none
 
 
@@ -82,7 +74,7 @@ def test_explicit_memory_is_used_per_layer(tied):
     z_none, _ = model.apply(params, x, None)
     assert float(jnp.max(jnp.abs(z_mem - z_none))) > 1e-5
     # Layer l reads mems[l]: changing only the last layer's memory changes the output, and a
-    # memory shared by all layers (the old last-layer simplification) is a different model.
+    # memory shared by all layers is a different model.
     z_last, _ = model.apply(params, x, mems.at[DEPTH - 1].set(_normal(3, (B, M, D))))
     assert float(jnp.max(jnp.abs(z_last - z_mem))) > 1e-5
     z_shared, _ = model.apply(params, x, mems[-1])
@@ -96,8 +88,9 @@ def test_memory_shapes_and_stop_gradient(kind):
     """Shapes per kind; gradients do not flow into the previous segment through the memory."""
     model = _model(kind)
     x1, x2 = _normal(4, (B, T, D)), _normal(5, (B, T, D))
-    mem_shape = (B, M, D) if kind == "deq" else (DEPTH, B, M, D)
-    mems = _normal(6, mem_shape)
+    shape = dq.models.memory_shape(kind, batch_size=B, memory_length=M, d_model=D, depth=DEPTH)
+    assert shape == ((B, M, D) if kind == "deq" else (DEPTH, B, M, D))
+    mems = _normal(6, shape)
     params = model.init(jax.random.PRNGKey(7), x1, mems)
     z, aux = model.apply(params, x1, mems)
     assert aux["new_mems"].shape == ((B, T, D) if kind == "deq" else (DEPTH, B, T, D))
@@ -106,7 +99,7 @@ def test_memory_shapes_and_stop_gradient(kind):
 
     def two_segments(x1, x2):
         _, aux1 = model.apply(params, x1, mems)
-        z2, _ = model.apply(params, x2, aux1["new_mems"][..., -M:, :])
+        z2, _ = model.apply(params, x2, dq.models.next_memory(aux1["new_mems"], M))
         return jnp.sum(jnp.sin(z2))
 
     g1, g2 = jax.grad(two_segments, argnums=(0, 1))(x1, x2)
@@ -114,14 +107,121 @@ def test_memory_shapes_and_stop_gradient(kind):
     assert float(jnp.max(jnp.abs(g2))) > 1e-5
     # ... while the memory does reach the output (a different previous segment changes z2).
     _, aux_b = model.apply(params, x2, mems)
-    z_a, _ = model.apply(params, x2, aux["new_mems"][..., -M:, :])
-    z_b, _ = model.apply(params, x2, aux_b["new_mems"][..., -M:, :])
+    z_a, _ = model.apply(params, x2, dq.models.next_memory(aux["new_mems"], M))
+    z_b, _ = model.apply(params, x2, dq.models.next_memory(aux_b["new_mems"], M))
     assert float(jnp.max(jnp.abs(z_a - z_b))) > 1e-5
+
+
+def test_backbone_bad_arguments():
+    bad = hk.transform(lambda x: dq.models.SequenceBackbone("deep", d_model=D)(x, is_training=True))
+    with pytest.raises(ValueError, match="kind"):
+        bad.init(jax.random.PRNGKey(0), _normal(0, (B, T, D)))
+    with pytest.raises(ValueError, match="mems of the DEQ"):
+        _model("deq").init(jax.random.PRNGKey(0), _normal(0, (B, T, D)), _normal(1, (1, B, M, D)))
+    with pytest.raises(ValueError, match="reset"):
+        dq.models.reset_memory(jnp.zeros((B, M, D)), jnp.zeros((B + 1,), bool))
+
+
+def test_reset_memory_zeroes_only_flagged_streams():
+    mems = _normal(0, (DEPTH, B, M, D))
+    out = dq.models.reset_memory(mems, jnp.array([True, False]))
+    np.testing.assert_array_equal(out[:, 0], 0.0)
+    np.testing.assert_array_equal(out[:, 1], mems[:, 1])
+    out = dq.models.reset_memory(mems[0], jnp.array([False, True]))
+    np.testing.assert_array_equal(out[1], 0.0)
+    np.testing.assert_array_equal(out[0], mems[0, 0])
+
+
+def test_lm_batches_passes_reset_and_restore():
+    tokens = np.arange(100)
+    it = dq.data.LMBatches(tokens, num_streams=2, segment_length=7)
+    assert isinstance(it, dq.data.BatchIterator) and it.steps_per_epoch == 7
+    batches = [next(it) for _ in range(9)]
+    assert [bool(b["reset"][0]) for b in batches] == [True] + [False] * 6 + [True, False]
+    np.testing.assert_array_equal(batches[7]["inputs"], batches[0]["inputs"])  # a new pass
+    np.testing.assert_array_equal(batches[1]["inputs"][1], np.arange(57, 64))  # stream 1
+    np.testing.assert_array_equal(batches[1]["targets"], batches[1]["inputs"] + 1)
+    assert it.state == dq.data.LMBatchesState(epoch=1, index=2)
+    resumed = dq.data.LMBatches(tokens, num_streams=2, segment_length=7)
+    resumed.restore(dq.data.state_dict(it.state))  # as after a checkpoint's JSON round trip
+    for _ in range(8):
+        a, b = next(it), next(resumed)
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    # Process 1 of 2 takes the second stream.
+    shard = dq.data.LMBatches(tokens, num_streams=2, segment_length=7, process_index=1,
+                              process_count=2)  # fmt: skip
+    np.testing.assert_array_equal(next(shard)["inputs"], batches[0]["inputs"][1:])
+    with pytest.raises(ValueError, match="divisible"):
+        dq.data.LMBatches(tokens, num_streams=3, segment_length=7, process_index=0,
+                          process_count=2)  # fmt: skip
+    with pytest.raises(ValueError, match="index"):
+        it.restore({"epoch": 0, "index": 8})
+
+
+def _lm(kind: str = "deq") -> hk.Transformed:
+    def forward(tokens, mems, is_training):
+        return dq.models.SequenceModel(
+            20, kind, d_model=D, num_heads=2, depth=2,
+            solver=dq.solvers.Anderson(max_steps=3, tol=1e-3, m=5),
+            regularizer=dq.regularization.JacobianRegularizer(0.1, p=0.5),
+        )(tokens, mems, is_training=is_training)  # fmt: skip
+
+    return hk.transform(forward)
+
+
+def test_lm_loss_resets_memory_at_a_pass_start():
+    model = _lm()
+    loss_fn = dq.models.lm_loss(model, memory_length=M)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 20, (B, T)), jnp.int32)
+    mem0 = dq.models.initial_memory("deq", batch_size=B, memory_length=M, d_model=D, depth=1)
+    params = model.init(jax.random.PRNGKey(0), tokens, mem0, True)  # float32 like the embeddings
+    key = jax.random.PRNGKey(1)
+    batch = {"inputs": tokens, "targets": tokens, "reset": jnp.array([True, True])}
+    junk = _normal(2, (B, M, D)).astype(jnp.float32)
+    fn = jax.jit(lambda c, b: loss_fn(params, b, key, (), 0, carry=c))
+    loss_reset, metrics, nxt = fn(junk, batch)
+    loss_zero, _, _ = fn(jnp.zeros_like(junk), batch)
+    np.testing.assert_allclose(loss_reset, loss_zero, rtol=1e-12)  # the junk memory is dropped
+    loss_kept, _, _ = fn(junk, batch | {"reset": jnp.array([False, False])})
+    assert abs(float(loss_kept) - float(loss_reset)) > 1e-6  # ... and used without a reset
+    assert nxt.shape == (B, M, D) and set(metrics) >= {"nll", "nfe", "rel_residual", "jac_fro_sq"}
+
+
+@pytest.mark.slow  # two fits with checkpoints (~20 s on a loaded 2-core machine)
+def test_lm_fit_with_memory_resumes_exactly(tmp_path):
+    """A run stopped after 3 steps and resumed reproduces the uninterrupted run: the memory
+    (fit's carry) and the LMBatches position come back from the checkpoint."""
+    model = _lm()
+    tokens = np.random.default_rng(0).integers(0, 20, 200).astype(np.int32)
+    mem0 = dq.models.initial_memory("deq", batch_size=B, memory_length=M, d_model=D, depth=1)
+    first = next(dq.data.LMBatches(tokens, num_streams=B, segment_length=T))
+    params = model.init(jax.random.PRNGKey(0), first["inputs"], mem0, True)
+
+    def fit(steps, out, resume=False):
+        return dq.training.fit(
+            params=params, loss_fn=dq.models.lm_loss(model, memory_length=M),
+            optimizer=optax.adam(1e-2), num_steps=steps, rng=jax.random.PRNGKey(1), carry=mem0,
+            train_data=dq.data.LMBatches(tokens, num_streams=B, segment_length=T), log_every=1,
+            checkpoint_dir=str(out / "ckpt"), metrics_path=str(out / "m.jsonl"), resume=resume,
+            progress=False, print_fn=None,
+        )  # fmt: skip
+
+    full = fit(6, tmp_path / "full")
+    fit(3, tmp_path / "cut")
+    resumed = fit(6, tmp_path / "cut", resume=True)
+    assert resumed.restored_step == 3
+    losses = lambda p: [r["loss"] for r in dq.training.read_jsonl(p) if r["split"] == "train"]  # noqa: E731
+    assert losses(tmp_path / "cut" / "m.jsonl") == losses(tmp_path / "full" / "m.jsonl")
+    np.testing.assert_array_equal(resumed.state.carry, full.state.carry)
+    assert float(jnp.max(jnp.abs(full.state.carry))) > 0.1  # a real memory was carried
+    for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(full.state.params)):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.slow  # ~20 s alone, ~60 s on a loaded 2-core machine
 def test_language_model_smoke(tmp_path):
-    summary = run_smoke("language_model.py", tmp_path, "--models", "deq,tied", "--jr_gamma", "0.1")
+    summary = run_smoke("language_model", tmp_path, "--models", "deq,tied", "--jr_gamma", "0.1")
     assert summary["data_source"]  # printed and stored; offline this is the labelled stand-in
     assert summary["is_standin"] == summary["data_source"].startswith("STAND-IN: ")
     deq, tied = summary["results"]
@@ -144,12 +244,13 @@ def test_language_model_smoke(tmp_path):
     assert deq["carried_memory_shape"] == [4, 16, 16]  # smoke: B=4, M=T=16, D=16
     assert tied["carried_memory_shape"] == [depth, 4, 16, 16]
     assert tied["carried_memory_bytes"] == depth * deq["carried_memory_bytes"] == depth * 4096
+    assert (tmp_path / "loss.png").exists() and (tmp_path / "metrics_deq.jsonl").exists()
 
 
 @pytest.mark.slow
 def test_language_model_smoke_untied_no_memory_pre_ln(tmp_path):
     summary = run_smoke(
-        "language_model.py", tmp_path, "--models", "deq,untied", "--no-memory", "--pre_ln"
+        "language_model", tmp_path, "--models", "deq,untied", "--no-memory", "--pre_ln"
     )
     deq, untied = summary["results"]
     assert untied["params"] > deq["params"]
