@@ -21,11 +21,12 @@ the residual ``||f(w_k) - w_k||`` of every evaluated iterate (``y`` or ``z``) is
 for stopping, and ``value`` is the lowest-residual iterate seen. The pair ``(w_{k-1}, w_k)`` of that
 iterate and its index ``k`` are all the reverse pass needs (``return_state=True``).
 
-Floating-point reversal: the inverse divides by ``1 - β`` at every step and expands errors at the
-rate the forward contracts, so rounding in the rebuilt iterates grows like (forward convergence
-factor)^-k; iterates from before the forward reached machine precision are rebuilt accurately,
-earlier ones are not. The gradient stays accurate because the cotangent reaching an iterate shrinks
-by the same factor. :func:`reversal_error` measures it.
+Floating-point reversal: the inverse divides by ``1 - β`` and expands rounding at least as fast
+as the forward contracts (the forward destroys that information), so the rebuilt start is off by
+at least about ``eps / tol`` and a tightly converged float32 solve cannot be rebuilt. The gradient
+degrades more slowly (the cotangent reaching old iterates shrinks too) but in float32 it is about
+1e-2 off beyond ~15 evaluations on the d = 512 benchmark (BENCHMARKS.md, "Reversible solver");
+``checkpoint_every`` bounds the amplification, :func:`reversal_error` measures it.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def reversible(
 ) -> base.Solution | tuple[base.Solution, ReversibleState]:
     """Solves ``z = f(z)`` by the reversible (coupled, relaxed) fixed-point iteration.
 
-    McCallum, Arora and Foster (2025), Eq. (the reversible scheme): ``y_{n+1} = (1-β) y_n + β
+    McCallum, Arora and Foster (2025), the reversible scheme: ``y_{n+1} = (1-β) y_n + β
     f(z_n)``, ``z_{n+1} = (1-β) z_n + β f(y_{n+1})`` from ``y_0 = z_0``, run here as the
     interleaved sequence ``w_{k+1} = (1-β) w_{k-1} + β f(w_k)``, ``w_{-1} = w_0 = z_0`` (see
     the module docstring). Every evaluated iterate, ``y`` or ``z``, is a candidate: the solve stops
