@@ -136,9 +136,9 @@ def train(args, s: Settings, seed: int, ctx):
         **ctx.fit_kwargs(checkpoint_dir=ckpt, metrics_path=ctx.path(f"metrics_seed{seed}.jsonl"),
                          resume=ctx.resume and os.path.isdir(ckpt) and bool(os.listdir(ckpt)))
     )  # fmt: skip
-    train_records = [r for r in result.history if r["split"] == "train"]
-    history = {k: np.asarray([[r[f"{k}/{n}"] for n in names] for r in train_records])
-               for k in ("monitor_nfe", "slope", "jr/gamma", "mse")}  # fmt: skip
+    train = [r for r in result.history if r["split"] == "train"]
+    keys = ("monitor_nfe", "slope", "jr/gamma", "mse", "fwd_nfe", "fwd_residual")
+    history = {k: np.asarray([[r[f"{k}/{n}"] for n in names] for r in train]) for k in keys}
     return result.state.params, history
 
 
