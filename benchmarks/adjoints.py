@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
@@ -121,7 +123,8 @@ def comparison_table(args) -> list[str]:
         "None) for all but reversible (dq.solvers.reversible, beta 0.8, same budget). Loss "
         "mean_b sum(z_b^2); error = relative L2 error of the (W, U, b) gradient against the exact "
         "float64 implicit gradient. bwd rel. residual / fallbacks: the BackwardStats probe "
-        "(SHINE: the checked adjoint residual; reversible: its reversal error).",
+        "(SHINE: the checked adjoint residual; reversible: its reversal error). Times: median "
+        f"of {args.repeats} round-robin rounds (one call of each adjoint per round).",
     ]
     for radius in args.radii:
         params, x = tanh_layer(args.d, args.batch, radius=radius)
@@ -134,6 +137,7 @@ def comparison_table(args) -> list[str]:
             "(MiB) | gradient rel. error | bwd rel. residual (mean) | fallbacks |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
+        grads = {}
         for name, (adjoint, kind) in comparison_adjoints().items():
             base_solver = dq.solvers.broyden if kind == "broyden" else dq.solvers.reversible
             solver = functools.partial(
@@ -152,9 +156,20 @@ def comparison_table(args) -> list[str]:
                 )
                 return jnp.mean(jnp.sum(z**2, -1)), sol.num_steps
 
-            grad = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
-            probe = dq.BackwardStats.zeros()
-            seconds = time_fn(grad, params, probe, repeats=args.repeats)
+            grads[name] = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
+        probe = dq.BackwardStats.zeros()
+        for grad in grads.values():  # compile and warm up every variant first
+            jax.block_until_ready(grad(params, probe))
+        # Timed round-robin (one call of each variant per round, median over rounds), so that the
+        # load of a shared machine drifting over the run affects every variant alike.
+        times = {name: [] for name in grads}
+        for _ in range(args.repeats):
+            for name, grad in grads.items():
+                start = time.perf_counter()
+                jax.block_until_ready(grad(params, probe))
+                times[name].append(time.perf_counter() - start)
+        for name, grad in grads.items():
+            seconds = statistics.median(times[name])
             mem = grad.lower(params, probe).compile().memory_analysis().temp_size_in_bytes
             (g, stats), steps = grad(params, probe)
             count = max(float(stats.count), 1.0)
