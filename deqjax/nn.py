@@ -3,7 +3,7 @@
 >>> import deqjax as dq
 >>> def forward(x, is_training):
 ...     deq = dq.nn.DEQ(dq.nn.MLPCell(w_init=dq.initializers.HaarOrthogonal(0.9)),
-...                     solver=functools.partial(dq.solvers.anderson, max_steps=30, tol=1e-4))
+...                     solver=dq.solvers.Anderson(max_steps=30, tol=1e-4))
 ...     z, sol = deq(hk.Linear(128)(x), is_training=is_training)
 ...     return hk.Linear(10)(z)
 """

@@ -85,7 +85,7 @@ def fixed_point(
     chosen by ``adjoint`` (default :class:`~deqjax.ImplicitAdjoint`: the implicit function theorem,
     DEQ paper Theorem 1, with a VJP-only backward solve, Eq. 11). Works under ``jit``, ``grad``,
     ``vmap`` (per-example forward and backward solves), ``lax.scan`` and ``pmap``. With a
-    batch-native solver (``functools.partial(dq.solvers.anderson, batch_ndim=1)`` and an ``f``
+    batch-native solver (``dq.solvers.Anderson(batch_ndim=1)`` and an ``f``
     that maps the whole batch) the implicit backward is batch-native too: the adjoints of all
     examples are solved in one batched loop with per-example stopping (the forward Solution's
     ``status.ndim`` is passed as ``batch_ndim`` to the backward solver) and the parameter VJP is
@@ -98,7 +98,8 @@ def fixed_point(
       x: input, any pytree (its non-float leaves, e.g. token ids or keys, get no gradient).
       z0: initial state, a pytree of float arrays.
       solver: forward solver ``(f_z, z0) -> Solution``, e.g.
-        ``functools.partial(dq.solvers.broyden, max_steps=12)``.
+        ``dq.solvers.Broyden(max_steps=12)`` or ``functools.partial(dq.solvers.broyden,
+        max_steps=12)``.
       adjoint: the gradient strategy; ``None`` means ``ImplicitAdjoint()``.
       has_aux: if True, ``f`` returns ``(z, aux)`` (as in jaxopt and optimistix): the solve uses
         ``z`` and the result's first element is ``(z_star, aux)``, with ``aux`` that of

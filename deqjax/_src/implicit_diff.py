@@ -48,8 +48,10 @@ class BackwardStats(NamedTuple):
     ``fixed_point`` calls that share a probe (layers, time steps of a scan), over the examples of
     a ``vmap`` with an unbatched probe, and over the problems of a batch-native solve
     (``batch_ndim > 0``: one count per problem). Divide by ``count`` for means
-    (:meth:`metrics`). Gradient strategies other than :class:`~deqjax.ImplicitAdjoint` run no
-    backward solve and leave every field 0.
+    (:meth:`metrics`). :class:`~deqjax.ShineAdjoint` reports its refinement steps, checked
+    adjoint residual and fallbacks, :class:`~deqjax.ReversibleAdjoint` its reversal (see their
+    docstrings); the phantom, one-step and unrolled strategies run no backward solve and leave
+    every field 0.
 
     Attributes:
       count: number of backward solves (problems).

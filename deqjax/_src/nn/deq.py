@@ -313,7 +313,8 @@ class DEQ(hk.Module):
       cell: ``cell(z, x) -> z`` or ``cell(z, x, *, is_training)``, built from Haiku modules and
         written for batched arrays ``[B, ...]``.
       solver: forward solver ``(f_z, z0) -> Solution`` used when ``is_training=True``, e.g.
-        ``functools.partial(dq.solvers.anderson, max_steps=30, tol=1e-3)``.
+        ``dq.solvers.Anderson(max_steps=30, tol=1e-3)`` (or a ``functools.partial`` of a solver
+        function).
       adjoint: gradient strategy (``None``: ``dq.ImplicitAdjoint()``).
       eval_solver: solver used when ``is_training=False`` (``None``: ``solver``).
       per_example: ``True`` (default): batch-native per-example stopping — the cell sees the
@@ -336,8 +337,7 @@ class DEQ(hk.Module):
 
     Example:
       >>> def forward(x, is_training):
-      ...     deq = dq.nn.DEQ(dq.nn.MLPCell(64), solver=functools.partial(
-      ...         dq.solvers.anderson, max_steps=30, tol=1e-4))
+      ...     deq = dq.nn.DEQ(dq.nn.MLPCell(64), solver=dq.solvers.Anderson(max_steps=30, tol=1e-4))
       ...     z, sol = deq(hk.Linear(64)(x), is_training=is_training)
       ...     return hk.Linear(10)(z), sol
     """
