@@ -58,6 +58,7 @@ def test_objects_are_frozen_hashable_printable_and_round_trip_through_json():
     d = json.loads(json.dumps(s.to_dict()))
     assert d["solver"] == "Anderson" and d["m"] == 3
     assert dq.solvers.from_dict(d) == s
+    assert dq.solvers.from_dict(dq.training.to_python(s)) == s  # a run's config.json entry
     assert s.replace(tol=1e-3).tol == 1e-3 and s.tol == 1e-6
     with pytest.raises(ValueError, match="config"):
         dq.solvers.from_dict({"solver": "Newton"})

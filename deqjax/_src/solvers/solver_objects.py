@@ -179,13 +179,14 @@ class NormalCG(Solver, function=linear_solvers.normal_cg):
 
 
 def from_dict(config: dict[str, Any]) -> Solver:
-    """Rebuilds a solver object from :meth:`Solver.to_dict`'s output (e.g. a run's config.json).
+    """Rebuilds a solver object from :meth:`Solver.to_dict`'s output (e.g. a run's config.json;
+    the class name may also stand under ``"type"``, as ``dq.training.to_python`` writes it).
 
     Raises:
       ValueError: if ``config["solver"]`` names no solver class.
     """
     config = dict(config)
-    name = config.pop("solver", None)
+    name = config.pop("solver", None) or config.pop("type", None)
     if name not in _REGISTRY:
         raise ValueError(f"config['solver'] must be one of {sorted(_REGISTRY)}, got {name!r}.")
     return _REGISTRY[name](**config)
