@@ -59,6 +59,9 @@ def test_objects_are_frozen_hashable_printable_and_round_trip_through_json():
     assert d["solver"] == "Anderson" and d["m"] == 3
     assert dq.solvers.from_dict(d) == s
     assert dq.solvers.from_dict(dq.training.to_python(s)) == s  # a run's config.json entry
+    sampled = dq.solvers.Anderson(max_steps=8, sample_steps=(2, 4))
+    back = dq.solvers.from_dict(json.loads(json.dumps(sampled.to_dict())))  # tuple -> list -> tuple
+    assert back == sampled and hash(back) == hash(sampled)
     assert s.replace(tol=1e-3).tol == 1e-3 and s.tol == 1e-6
     with pytest.raises(ValueError, match="config"):
         dq.solvers.from_dict({"solver": "Newton"})

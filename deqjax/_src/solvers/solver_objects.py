@@ -104,6 +104,10 @@ class Solver:
         _REGISTRY[cls.__name__] = cls
 
     def __post_init__(self):
+        # A list (e.g. sample_steps read back from JSON) becomes a tuple: the object stays hashable.
+        for name, value in self.to_dict(with_name=False).items():
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
         # Fail at construction, naming the bad field, rather than at the first solve inside a
         # traced training step: run the function's own checks on a scalar problem, shapes only.
         kw = self.to_dict(with_name=False)
