@@ -251,24 +251,6 @@ def test_jacobian_gate_is_drawn_in_the_graph_one_compile(base):
     assert 0 < sum(applied) < 12 and len(traces) == 1
 
 
-def test_deprecated_jacobian_samples_is_the_regularizer_estimate(base):
-    x, params, _ = base
-    key = jax.random.PRNGKey(5)
-
-    def forward(x):
-        out = nn.DEQ(TinyCell(), solver=SOLVER, init_state=zeros_state).solve(
-            x, jacobian_samples=3, jacobian_key=key
-        )
-        want, _ = dq.regularization.JacobianRegularizer(1.0, num_samples=3).penalty(
-            out.cell_fn, out.z_star, key
-        )
-        return out.jacobian_frobenius_sq, want
-
-    with pytest.warns(DeprecationWarning, match="JacobianRegularizer"):
-        got, want = hk.transform(forward).apply(params, jax.random.PRNGKey(0), x)
-    np.testing.assert_allclose(got, want, rtol=1e-12)
-
-
 def test_call_returns_one_type(base):
     x, params, _ = base
 
@@ -283,6 +265,14 @@ def test_call_returns_one_type(base):
     for gone in ("full_output", "jacobian_samples"):
         with pytest.raises(TypeError, match=gone):
             t.apply(params, jax.random.PRNGKey(0), x, **{gone: 1})
+
+    def forward_solve(x, **kw):
+        return nn.DEQ(TinyCell(), solver=SOLVER, init_state=zeros_state).solve(x, **kw)
+
+    out = hk.transform(forward_solve).apply(params, jax.random.PRNGKey(0), x)
+    assert type(out) is nn.DEQOutput and out._fields == ("z_star", "solution", "cell_fn", "f_star")
+    with pytest.raises(TypeError, match="jacobian_samples"):  # JR: JacobianRegularizer only
+        hk.transform(forward_solve).apply(params, None, x, jacobian_samples=1)
 
 
 def test_initial_state_sources_and_plain_function_cells():
@@ -335,14 +325,6 @@ def test_bad_configuration_raises():
 
         return hk.transform(f).init(jax.random.PRNGKey(0), jnp.zeros((2, 3)))
 
-    def solve_full(**kw):
-        def f(x):
-            return nn.DEQ(lambda z, x: z, solver=SOLVER).solve(x, **kw)
-
-        return hk.transform(f).init(jax.random.PRNGKey(0), jnp.zeros((2, 3)))
-
-    with pytest.raises(ValueError, match="jacobian_samples"):
-        solve_full(jacobian_samples=-1)
     with pytest.raises(ValueError, match="batch"):
         solve(z0=jnp.zeros((3, 3)))
     with pytest.raises(ValueError, match="z0"):

@@ -73,7 +73,7 @@ inference).
 **One return type; what else a forward pass offers.** ``deq(x, z0)`` always returns ``(z_star,
 solution)`` (``solution.f_value`` is ``f(z*)`` as the solver evaluated it). ``DEQ.solve(...)`` runs
 the same forward pass and returns a :class:`DEQOutput` ``(z_star, solution, cell_fn,
-jacobian_frobenius_sq, f_star)``: ``f_star`` is ``f(z*)`` with the gradient of ``z*`` (no extra cell
+f_star)``: ``f_star`` is ``f(z*)`` with the gradient of ``z*`` (no extra cell
 evaluation), for readouts such as MDEQ's that read the cell output at the equilibrium; ``cell_fn``
 is ``z ↦ f_θ(z; x)`` of this very forward pass (same parameters, masks, key; batched like
 ``z_star``) for regularisers and diagnostics. **Jacobian regularisation (JR paper Eq. 4)** has one
@@ -81,7 +81,6 @@ path: ``dq.regularization.JacobianRegularizer(gamma, p=..., num_samples=...).pen
 out.z_star, key, step)``, whose Bernoulli gate is drawn in the graph (one compiled step, the
 estimator skipped by ``lax.cond`` when the coin says no) and whose estimate is taken at
 ``stop_gradient(z*)``, differentiable w.r.t. the cell parameters (as in the JR reference code).
-``solve(jacobian_samples=M)`` is a deprecated shim over that regulariser with ``p = 1``.
 
 **Solvers.** ``solver`` is any ``(f, z0) -> Solution``: a solver object
 (``dq.solvers.Anderson(max_steps=30, tol=1e-3)``, frozen and printable, so a config can log it), a
@@ -96,14 +95,13 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
-import warnings
 from typing import Any, Callable, NamedTuple
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import adjoints, checks, jacobian_regularization, tree
+from deqjax._src import adjoints, tree
 from deqjax._src import fixed_point as fixed_point_lib
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers import base, solver_objects
@@ -185,9 +183,6 @@ class DEQOutput(NamedTuple):
         batched like ``z_star``; differentiable in the parameters. Use it only inside the same
         Haiku transform (it closes over traced values), e.g. for
         ``JacobianRegularizer.penalty(out.cell_fn, out.z_star, key, step)``.
-      jacobian_frobenius_sq: deprecated (``None`` unless ``solve(jacobian_samples=M > 0)``): the
-        Hutchinson estimate of ``‖J_f(z*)‖²_F / d`` (JR paper Eq. 3–4) by
-        ``JacobianRegularizer(1.0, num_samples=M)``.
       f_star: ``f(z*)``, the cell output at the returned equilibrium as the solver evaluated it
         (``solution.f_value``, no extra cell evaluation; ``None`` when the solver returns no
         ``f_value``). Its value is ``f(z*)``; its gradient is that of ``z_star``
@@ -202,7 +197,6 @@ class DEQOutput(NamedTuple):
     z_star: PyTree
     solution: base.Solution
     cell_fn: Callable[[PyTree], PyTree]
-    jacobian_frobenius_sq: jax.Array | None
     f_star: PyTree = None
 
 
@@ -527,8 +521,6 @@ class DEQ(hk.Module):
         *,
         is_training: bool = True,
         backward_stats: Any = None,
-        jacobian_samples: int = 0,
-        jacobian_key: jax.Array | None = None,
     ) -> DEQOutput:
         """The forward pass of ``__call__`` (same arguments, same parameters), returned as a
         :class:`DEQOutput` with this pass's cell map ``cell_fn`` and ``f_star = f(z*)``.
@@ -539,10 +531,6 @@ class DEQ(hk.Module):
 
         Args:
           x, z0, is_training, backward_stats: as in ``__call__``.
-          jacobian_samples: deprecated (use ``JacobianRegularizer``): ``M > 0`` fills
-            ``jacobian_frobenius_sq`` with ``JacobianRegularizer(1.0, num_samples=M)``'s
-            estimate of ``‖J_f(z*)‖²_F / d``.
-          jacobian_key: deprecated, the key of those probes (``None``: ``hk.next_rng_key()``).
 
         Example:
           >>> reg = dq.regularization.JacobianRegularizer(gamma=2.0, p=0.4)
@@ -550,24 +538,10 @@ class DEQ(hk.Module):
           >>> jr, jr_metrics = reg.penalty(out.cell_fn, out.z_star, hk.next_rng_key())
           >>> loss = cross_entropy(head(out.z_star)) + jr
         """
-        checks.check_int(jacobian_samples, "jacobian_samples", minimum=0)
         z_star, sol = self(x, z0, is_training=is_training, backward_stats=backward_stats)
-        cell_fn = self._cell_fn
         f_star = None  # a user solver may return no f_value
         if sol.f_value is not None:
             f_star = jax.tree_util.tree_map(
                 lambda z, fz: z + jax.lax.stop_gradient(fz - z), z_star, sol.f_value
             )
-        jac = None
-        if jacobian_samples > 0:
-            warnings.warn(
-                "DEQ.solve(jacobian_samples=...) is deprecated: use "
-                "dq.regularization.JacobianRegularizer(gamma, p=..., num_samples=...)"
-                ".penalty(out.cell_fn, out.z_star, key, step).",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            key = hk.next_rng_key() if jacobian_key is None else jacobian_key
-            reg = jacobian_regularization.JacobianRegularizer(1.0, num_samples=jacobian_samples)
-            jac, _ = reg.penalty(cell_fn, z_star, key)
-        return DEQOutput(z_star, sol, cell_fn, jac, f_star)
+        return DEQOutput(z_star, sol, self._cell_fn, f_star)
