@@ -42,10 +42,6 @@ from deqjax._src.solvers import reversible as reversible_lib
 
 PyTree = Any
 
-# Keywords a call may override without changing the object (the loop kind an adjoint needs, the
-# batch axes a DEQ or the implicit backward solves over).
-_CALL_KEYWORDS = ("batch_ndim", "loop")
-
 _REGISTRY: dict[str, type[Solver]] = {}
 
 
