@@ -93,7 +93,7 @@ def claim1_sweep() -> None:
     fig, axes = plt.subplots(len(files), 3, figsize=(16, 3.8 * len(files)), squeeze=False)
     for row, path in zip(axes, files):
         res = json.load(open(path))
-        rows, width = res["rows"], res["args"]["width"]
+        rows, width, act = res["rows"], res["args"]["width"], res["args"].get("act", "relu")
         for fam in dict.fromkeys(r["family"] for r in rows):
             sc = sorted({r["scale"] for r in rows if r["family"] == fam})
             errs = [[r["test_err"] for r in rows if r["family"] == fam and r["scale"] == s] for s in sc]
@@ -109,7 +109,7 @@ def claim1_sweep() -> None:
             row[2].plot(sc, nfe, "-o", color=COLORS[fam], ms=3, label=fam)
         row[0].set_xlabel("init scale σ")
         row[0].set_ylabel("test error")
-        row[0].set_title(f"width {width}: test error (line median, dashed mean, band IQR)")
+        row[0].set_title(f"{act}, width {width}: test error (median, dashed mean, IQR)")
         row[0].legend(fontsize=7)
         row[1].axvline(1.0, color="k", lw=0.5)
         row[1].set_xlabel("ρ(J) at init (mean over 32 test inputs)")
@@ -117,7 +117,7 @@ def claim1_sweep() -> None:
         row[1].set_title("each run: ρ(J) at init vs final error")
         row[2].set_xlabel("init scale σ")
         row[2].set_title("median final test NFE (cap = max_steps)")
-    fig.suptitle("Claim 1: init paper Fig. 5 at CPU size (Fashion-MNIST subset, un-normalised ReLU DEQ)")
+    fig.suptitle("Claim 1: init paper Fig. 5 at CPU size (Fashion-MNIST subset, un-normalised DEQ)")
     fig.tight_layout()
     fig.savefig(os.path.join(HERE, "claim1_fig5.png"), dpi=100)
 
