@@ -192,3 +192,28 @@ def test_deq_with_shine_matches_the_implicit_gradient_with_many_refinement_steps
     g_shine = jax.jit(jax.grad(lambda p: t_shine.apply(p, None, x)))(params)
     g_implicit = jax.jit(jax.grad(lambda p: t_implicit.apply(p, None, x)))(params)
     assert rel_err(g_shine, g_implicit) < 1e-9
+
+
+@pytest.mark.parametrize("memory", [None, 5, 3])
+def test_batch_native_inverse_estimate_equals_vmap_unless_the_memory_wrapped(memory):
+    d = 8
+    w = jax.random.normal(jax.random.PRNGKey(0), (d, d), jnp.float64) * 0.5 / np.sqrt(d)
+    b = jax.random.normal(jax.random.PRNGKey(1), (d,), jnp.float64)
+    z0 = jnp.stack([jnp.zeros(d), jnp.full(d, 0.3)])
+    solver = functools.partial(
+        dq.solvers.broyden, max_steps=30, tol=1e-10, memory=memory, return_inverse=True
+    )
+    native = solver(lambda z: jnp.tanh(z @ w.T + b[None]), z0, batch_ndim=1)
+    per = jax.vmap(lambda z: solver(lambda z: jnp.tanh(w @ z + b), z))(z0)
+    v = jax.random.normal(jax.random.PRNGKey(2), (2, d), jnp.float64)
+    got = broyden_lib.inverse_rmatvec(native.inverse_estimate, v)
+    want = jax.vmap(broyden_lib.inverse_rmatvec)(per.inverse_estimate, v)
+    steps = np.asarray(native.num_steps)
+    if memory == 3:  # the problem that stopped first lost its rows to the shared slot: -I
+        assert steps[1] < steps[0]
+        assert not np.any(np.asarray(native.inverse_estimate.valid[1]))
+        np.testing.assert_allclose(got[1], -v[1], rtol=1e-12)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-10, atol=1e-12)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    assert np.any(np.abs(np.asarray(want) + np.asarray(v)) > 1e-3)  # not just -I
