@@ -132,7 +132,8 @@ def fixed_point(
     if not isinstance(adjoint, adjoints.Adjoint):
         raise ValueError(
             "adjoint must be a deqjax adjoint object (ImplicitAdjoint(), PhantomAdjoint(), "
-            f"OneStepAdjoint(), UnrolledAdjoint()), got {adjoint!r}."
+            "OneStepAdjoint(), UnrolledAdjoint(), ShineAdjoint(), ReversibleAdjoint()), got "
+            f"{adjoint!r}."
         )
     tree.check_float_tree(z0, "z0")
     if backward_stats is not None and not isinstance(backward_stats, implicit_diff.BackwardStats):
