@@ -66,8 +66,6 @@ def test_gradient_error_decreases_with_refinement_steps_to_the_dense_implicit_gr
     assert errors[0] > 1e-3  # the plain estimate is an approximation (else nothing is tested)
     assert errors[0] > errors[2] > errors[8] > errors[60]
     assert errors[60] < 1e-9  # k large: the implicit gradient
-    implicit = jax.grad(loss, argnums=(0, 1))(params, x, dq.ImplicitAdjoint())
-    assert rel_err(implicit, exact) < 1e-9
 
 
 def test_plain_shine_is_minus_the_transposed_broyden_inverse_applied_to_the_cotangent():
@@ -103,12 +101,6 @@ def test_fallback_runs_where_the_estimate_is_poor_and_gives_the_implicit_gradien
     assert rel_err(g_raw, g_implicit) > 0.05  # what the fallback replaced was poor
     assert float(raw_stats.failures) == 1.0 and float(raw_stats.fallbacks) == 0.0
     assert float(raw_stats.rel_residual) > 0.1  # the default fallback_tol
-    # A tolerance the estimate meets: no fallback, the estimate itself is used.
-    g_loose, loose_stats = grad(
-        params, x, dq.ShineAdjoint(fallback=tight, fallback_tol=float("inf")), short, probe
-    )
-    assert float(loose_stats.fallbacks) == 0.0
-    np.testing.assert_allclose(g_loose["W"], g_raw["W"], rtol=1e-12)
 
 
 @pytest.mark.parametrize(
