@@ -201,7 +201,7 @@ def test_lm_fit_with_memory_resumes_exactly(tmp_path):
     def fit(steps, out, resume=False):
         return dq.training.fit(
             params=params, loss_fn=dq.models.lm_loss(model, memory_length=M),
-            optimizer=optax.adam(1e-2), num_steps=steps, rng=jax.random.PRNGKey(1), carry=mem0,
+            optimizer=optax.sgd(0.1), num_steps=steps, rng=jax.random.PRNGKey(1), carry=mem0,
             train_data=dq.data.LMBatches(tokens, num_streams=B, segment_length=T), log_every=1,
             checkpoint_dir=str(out / "ckpt"), metrics_path=str(out / "m.jsonl"), resume=resume,
             progress=False, print_fn=None,
