@@ -209,3 +209,54 @@ def test_batch_native_inverse_estimate_equals_vmap_unless_the_memory_wrapped(mem
     else:
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
     assert np.any(np.abs(np.asarray(want) + np.asarray(v)) > 1e-3)  # not just -I
+
+
+@pytest.mark.slow
+def test_mixed_batch_falls_back_only_where_the_estimate_is_poor():
+    params, _ = problem(seed=3)
+    scale = jnp.array([[0.3], [1.0], [2.0]])
+    xs = jax.random.normal(jax.random.PRNGKey(4), (3, D), jnp.float64) * scale
+    short = functools.partial(dq.solvers.broyden, max_steps=6, tol=0.0)
+    tight = dq.ImplicitAdjoint(
+        solver=functools.partial(dq.solvers.broyden, max_steps=80, tol=1e-13)
+    )
+
+    def one(p, x, probe, adjoint):  # per-example loss and statistics (a probe per example)
+        return loss(p, x, adjoint, short, probe)
+
+    def residuals(adjoint):
+        probes = jax.tree_util.tree_map(
+            lambda a: jnp.zeros(3, a.dtype), dq.BackwardStats.zeros(jnp.float64)
+        )
+        per = jax.vmap(jax.grad(one, argnums=(0, 2)), in_axes=(None, 0, 0, None))
+        return per(params, xs, probes, adjoint)
+
+    (_, raw) = residuals(dq.ShineAdjoint(fallback=None))
+    res = np.sort(np.asarray(raw.rel_residual))
+    assert res[0] < res[2]
+    tol = float(0.5 * (res[0] + res[1]))  # examples above it fall back, the lowest does not
+    mixed = dq.ShineAdjoint(fallback=tight, fallback_tol=tol)
+    g_mixed, stats = residuals(mixed)
+    poor = np.asarray(raw.rel_residual) > tol
+    np.testing.assert_array_equal(np.asarray(stats.fallbacks), poor.astype(float))
+    g_raw, _ = residuals(dq.ShineAdjoint(fallback=None))
+    g_impl, _ = residuals(tight)
+    for i in range(3):
+        want = g_impl if poor[i] else g_raw
+        got_i = jax.tree_util.tree_map(lambda a, i=i: a[i], g_mixed)
+        want_i = jax.tree_util.tree_map(lambda a, i=i: a[i], want)
+        assert rel_err(got_i, want_i) < 1e-9
+
+    # Batch-native: the same per-example choice inside one batched backward.
+    def native(p, probe):
+        z, _ = dq.fixed_point(cell, p, xs, jnp.zeros((3, D)),
+                              solver=functools.partial(short, batch_ndim=1), adjoint=mixed,
+                              backward_stats=probe)  # fmt: skip
+        return jax.vmap(head)(z).sum()
+
+    g_native, s_native = jax.grad(native, argnums=(0, 1))(
+        params, dq.BackwardStats.zeros(jnp.float64)
+    )
+    assert float(s_native.fallbacks) == float(poor.sum())
+    g_sum = jax.tree_util.tree_map(lambda a: a.sum(0), g_mixed)
+    assert rel_err(g_native, g_sum) < 1e-9
