@@ -66,7 +66,7 @@ def anderson(
         (the shared step counter mod ``m``) is written with one ``dynamic_update_slice``.
       sample_steps: ``None``, or loop steps ``s`` in ``[0, max_steps]`` whose iterates ``x_s``
         are returned in ``Solution.samples`` (for the fixed-point correction loss; see
-        :func:`deqjax.fixed_point_correction.correction_states`).
+        :func:`deqjax.correction_states`).
 
     Returns:
       A :class:`~deqjax.solvers.Solution` (fields with the leading batch axes under

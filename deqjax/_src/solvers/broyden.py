@@ -150,7 +150,7 @@ def broyden(
         inverse updates are batched (one ``[*batch, memory, ...]`` buffer per factor).
       sample_steps: ``None``, or loop steps ``s`` in ``[0, max_steps]`` whose iterates ``x_s``
         are returned in ``Solution.samples`` (for the fixed-point correction loss; see
-        :func:`deqjax.fixed_point_correction.correction_states`).
+        :func:`deqjax.correction_states`).
 
       return_inverse: also return the final inverse-Jacobian estimate in
         ``Solution.inverse_estimate`` (a :class:`BroydenInverse`: ``2 * rows`` iterate-sized

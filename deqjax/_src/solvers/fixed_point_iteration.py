@@ -45,7 +45,7 @@ def fixed_point_iteration(
         problems, solved together in one loop with per-problem stopping (0: one problem).
       sample_steps: ``None``, or loop steps ``s`` in ``[0, max_steps]`` whose iterates ``x_s``
         are returned in ``Solution.samples`` (for the fixed-point correction loss; see
-        :func:`deqjax.fixed_point_correction.correction_states`).
+        :func:`deqjax.correction_states`).
 
     Returns:
       A :class:`~deqjax.solvers.Solution` (fields with the leading batch axes under
