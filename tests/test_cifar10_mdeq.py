@@ -144,7 +144,9 @@ def test_bad_arguments_raise():
 
 @pytest.mark.slow  # ~45 s alone (XLA compiles of the MDEQ), several minutes on a loaded machine
 def test_cifar10_mdeq_smoke(tmp_path):
-    summary = run_smoke("cifar10_mdeq", tmp_path, "--gammas", "1.0", "--budgets", "1,3")
+    summary = run_smoke(
+        "cifar10_mdeq", tmp_path, "--gammas", "1.0", "--budgets", "1,3", timeout=900
+    )
     assert summary["is_standin"] == summary["data_source"].startswith("STAND-IN: ")
     (r,) = summary["results"]
     assert r["gamma"] == 1.0

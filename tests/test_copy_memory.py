@@ -17,7 +17,9 @@ import deqjax as dq
 
 @pytest.mark.slow  # five fits with checkpoints: minutes on a loaded 2-core machine
 def test_copy_memory_smoke(tmp_path):
-    summary = run_smoke("copy_memory", tmp_path, "--models", "deq:transformer,tied:trellis")
+    summary = run_smoke(
+        "copy_memory", tmp_path, "--models", "deq:transformer,tied:trellis", timeout=900
+    )
     assert summary["data_source"].startswith("synthetic copy-memory")
     models = [r["model"] for r in summary["results"]]
     assert models == ["deq:transformer", "tied:trellis"]

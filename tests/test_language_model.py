@@ -221,7 +221,9 @@ def test_lm_fit_with_memory_resumes_exactly(tmp_path):
 
 @pytest.mark.slow  # ~20 s alone, ~60 s on a loaded 2-core machine
 def test_language_model_smoke(tmp_path):
-    summary = run_smoke("language_model", tmp_path, "--models", "deq,tied", "--jr_gamma", "0.1")
+    summary = run_smoke(
+        "language_model", tmp_path, "--models", "deq,tied", "--jr_gamma", "0.1", timeout=900
+    )
     assert summary["data_source"]  # printed and stored; offline this is the labelled stand-in
     assert summary["is_standin"] == summary["data_source"].startswith("STAND-IN: ")
     deq, tied = summary["results"]
@@ -250,7 +252,7 @@ def test_language_model_smoke(tmp_path):
 @pytest.mark.slow
 def test_language_model_smoke_untied_no_memory_pre_ln(tmp_path):
     summary = run_smoke(
-        "language_model", tmp_path, "--models", "deq,untied", "--no-memory", "--pre_ln"
+        "language_model", tmp_path, "--models", "deq,untied", "--no-memory", "--pre_ln", timeout=900
     )
     deq, untied = summary["results"]
     assert untied["params"] > deq["params"]
