@@ -66,7 +66,9 @@ def measure_throughput(
         models.MLPClassifier, args.width, solver=solver, adjoint=adjoint,
         per_example=DEQ_MODES[mode])  # fmt: skip
     reg, _ = training.jr_from_flags(args)
-    fns = models.classifier_fns(make, regularizer=reg, backward_solver=adjoint.solver)
+    fns = models.classifier_fns(
+        make, regularizer=reg, backward_solver=training.backward_solver_from_flags(args)
+    )
     gamma = jnp.asarray(args.gamma, jnp.float32)
 
     def loss_fn(params, batch, key, reg_state, step):

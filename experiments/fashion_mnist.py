@@ -92,7 +92,7 @@ def model_fns(args, family: str, scale: float) -> dq.models.ClassifierFns:
                               adjoint=adjoint)  # fmt: skip
     reg, _ = training.jr_from_flags(args)
     return dq.models.classifier_fns(
-        model, regularizer=reg, backward_solver=adjoint.solver,
+        model, regularizer=reg, backward_solver=training.backward_solver_from_flags(args),
         diag_power_steps=args.diag_power_steps)  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import optax
 
-from deqjax._src import adaptive_gamma, adjoints, jacobian_regularization
+from deqjax._src import adaptive_gamma, adjoints, jacobian_regularization, reversible_adjoint, shine
 from deqjax._src.solvers import solver_objects
 from deqjax._src.training.optimizer import make_optimizer, make_schedule
 from deqjax._src.training.run_dir import (
@@ -135,7 +135,8 @@ def fit_kwargs_from_flags(args: argparse.Namespace) -> dict[str, Any]:
 def add_solver_flags(
     p: argparse.ArgumentParser, *, max_steps: int = 20, tol: float = 1e-3, bwd_tol: float = 1e-3
 ) -> None:
-    """``--max_steps --tol --anderson_m --stop_mode --bwd_max_steps --bwd_tol`` (Anderson)."""
+    """``--max_steps --tol --anderson_m --stop_mode --bwd_max_steps --bwd_tol --adjoint
+    --adjoint_steps``."""
     g = p.add_argument_group("solvers")
     g.add_argument("--max_steps", type=positive_int, default=max_steps, help="forward steps")
     g.add_argument("--tol", type=positive_float, default=tol, help="forward tolerance")
@@ -152,16 +153,63 @@ def add_solver_flags(
     g.add_argument(
         "--bwd_tol", type=positive_float, default=bwd_tol, help="backward (implicit) tolerance"
     )
+    g.add_argument(
+        "--adjoint",
+        default="implicit",
+        choices=GRADIENTS,
+        help="gradient through z*: implicit (Anderson backward), phantom, one_step, unrolled, "
+        "shine (Broyden forward, its inverse estimate backward) or reversible (reversible "
+        "forward, exact reversal backward)",
+    )
+    g.add_argument(
+        "--adjoint_steps",
+        type=nonnegative_int,
+        default=None,
+        help="phantom: damped steps (default 5); shine: refinement steps (default 0)",
+    )
+
+
+# The gradient strategies selectable by name (``--adjoint``), README's table of gradients.
+GRADIENTS = ("implicit", "phantom", "one_step", "unrolled", "shine", "reversible")
+
+
+def backward_solver_from_flags(args: argparse.Namespace) -> solver_objects.Anderson:
+    """The Anderson backward solver of ``--bwd_max_steps --bwd_tol`` (implicit adjoint, and the
+    backward-convergence diagnostic of every gradient)."""
+    return solver_objects.Anderson(
+        max_steps=args.bwd_max_steps, tol=args.bwd_tol, m=args.anderson_m, stop_mode=args.stop_mode
+    )
 
 
 def solvers_from_flags(
     args: argparse.Namespace,
-) -> tuple[solver_objects.Anderson, adjoints.ImplicitAdjoint]:
-    """``(forward solver, implicit adjoint with the backward solver)`` from the solver flags."""
-    common = {"m": args.anderson_m, "stop_mode": args.stop_mode}
-    forward = solver_objects.Anderson(max_steps=args.max_steps, tol=args.tol, **common)
-    backward = solver_objects.Anderson(max_steps=args.bwd_max_steps, tol=args.bwd_tol, **common)
-    return forward, adjoints.ImplicitAdjoint(solver=backward)
+) -> tuple[solver_objects.Solver, adjoints.Adjoint]:
+    """``(forward solver, adjoint)`` from the solver flags.
+
+    ``--adjoint`` picks the gradient; two of them need their own forward solver, built with the
+    same ``--max_steps --tol --stop_mode``: ``shine`` runs Broyden with ``return_inverse=True``
+    (SHINE reuses its inverse estimate, no fallback: the estimate's gradient as it is, refined by
+    ``--adjoint_steps``), ``reversible`` runs the reversible solver (whose ``max_steps`` counts
+    ``f`` evaluations, two per step of the paper). The others keep Anderson.
+    """
+    name = getattr(args, "adjoint", "implicit")
+    steps = getattr(args, "adjoint_steps", None)
+    common = {"max_steps": args.max_steps, "tol": args.tol, "stop_mode": args.stop_mode}
+    anderson = solver_objects.Anderson(m=args.anderson_m, **common)
+    if name == "implicit":
+        return anderson, adjoints.ImplicitAdjoint(solver=backward_solver_from_flags(args))
+    if name == "phantom":
+        return anderson, adjoints.PhantomAdjoint(steps=5 if steps is None else max(steps, 1))
+    if name == "one_step":
+        return anderson, adjoints.OneStepAdjoint()
+    if name == "unrolled":
+        return anderson, adjoints.UnrolledAdjoint()
+    if name == "shine":
+        broyden = solver_objects.Broyden(return_inverse=True, **common)
+        return broyden, shine.ShineAdjoint(refine_steps=steps or 0, fallback=None)
+    if name == "reversible":
+        return solver_objects.Reversible(**common), reversible_adjoint.ReversibleAdjoint()
+    raise ValueError(f"--adjoint must be one of {GRADIENTS}, got {name!r}.")
 
 
 def add_jr_flags(p: argparse.ArgumentParser, *, jr: bool = True, gamma: float = 1.0) -> None:
