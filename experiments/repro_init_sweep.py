@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import time
 
 import jax
@@ -176,6 +177,7 @@ def main() -> None:
         }
         for i, (f, s, seed) in enumerate(runs)
     ]
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as fh:
         json.dump({"args": vars(a), "wall_s": time.perf_counter() - t0, "rows": rows}, fh)
     print(f"wrote {a.out} ({time.perf_counter() - t0:.0f}s)")
