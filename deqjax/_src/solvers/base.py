@@ -329,6 +329,126 @@ def _squared_norms(trees: list[PyTree], batch_ndim: int, dtype: jnp.dtype) -> ja
     return total
 
 
+class StepUpdate(NamedTuple):
+    """What one evaluation ``f(x)`` does to the per-problem bookkeeping (:func:`step_update`)."""
+
+    running: jax.Array  # bool [*batch]: problems this step belongs to
+    still: jax.Array  # bool [*batch]: problems still running after it
+    improved: jax.Array  # bool [*batch]: x becomes the returned ("best") iterate
+    take_fx: jax.Array  # bool [*batch]: f(x) becomes f_value (improved, or the first evaluation)
+    stats: jax.Array  # [*batch, 4]: the carry's new residual statistics
+    counts: jax.Array  # int32 [*batch, 2]: the new status and num_steps
+    trace: jax.Array  # [*batch, max_steps]: the trace with this step's column written
+
+
+def stopping_rule(
+    tol: float,
+    stop_mode: str,
+    atol: float | None,
+    divergence_factor: float,
+    max_steps: int,
+    batch_ndim: int,
+) -> dict[str, Any]:
+    """The keywords of :func:`step_update` for a solver's stopping arguments."""
+    # Mixed mode: ||g|| <= atol + tol ||x||  <=>  ||g|| / (atol / tol + ||x||) <= tol.
+    scale_floor = (tol if atol is None else atol) / tol if stop_mode == "mixed" else 0.0
+    return dict(
+        tol=tol,
+        stop_mode=stop_mode,
+        scale_floor=scale_floor,
+        divergence_factor=divergence_factor,
+        max_steps=max_steps,
+        batch_ndim=batch_ndim,
+    )
+
+
+def step_update(
+    x: PyTree,
+    fx: PyTree,
+    gx: PyTree,
+    *,
+    k: jax.Array,
+    stats: jax.Array,
+    counts: jax.Array,
+    trace: jax.Array,
+    tol: float,
+    stop_mode: str,
+    scale_floor: float,
+    divergence_factor: float,
+    max_steps: int,
+    batch_ndim: int,
+) -> StepUpdate:
+    """Judges the evaluation ``fx = f(x)`` (``gx = fx - x``) of loop step ``k`` per problem.
+
+    The one stopping rule of every deqjax solver (module docstring): residual by ``stop_mode``,
+    CONVERGED / NONFINITE / DIVERGED (on the absolute residual) / MAX_STEPS, the lowest-residual
+    candidate among iterates within ``_BEST_ABS_SLACK`` of the lowest absolute residual, and the
+    trace. Problems that stopped earlier keep their statistics.
+    """
+    rdtype = trace.dtype
+    status_in, num_steps = counts[..., 0], counts[..., 1]
+    best_res, min_abs = stats[..., _BEST_RES], stats[..., _MIN_ABS]
+    running = status_in == _RUNNING  # [*batch]: problems this step belongs to
+    # Residuals steer the loop but are not differentiated (sqrt has no derivative at 0).
+    trees = [gx, fx, x] if stop_mode == "mixed" else [gx, fx]
+    norms = jnp.sqrt(jax.lax.stop_gradient(_squared_norms(trees, batch_ndim, rdtype)))
+    abs_res, fx_norm = norms[0], norms[1]
+    rel_res = abs_res / (fx_norm + jnp.asarray(_REL_EPS, rdtype))
+    if stop_mode == "rel":
+        res = rel_res
+    elif stop_mode == "mixed":
+        res = abs_res / (jnp.asarray(scale_floor, rdtype) + norms[2])
+    else:
+        res = abs_res
+    # A NaN or inf entry of f(x) propagates into ||f(x)||, so checking the two norms replaces a
+    # separate pass over f(x) (a norm that overflows also counts as non-finite). CONVERGED
+    # requires finiteness too: an overflowing ||f(x)|| would otherwise give rel_res = 0.
+    finite = jnp.isfinite(abs_res) & jnp.isfinite(fx_norm) & jnp.isfinite(res)
+    converged = finite & (res <= tol)
+    # "Best" ranks by stop_mode, but only among iterates whose ABSOLUTE residual is within
+    # _BEST_ABS_SLACK of the lowest seen: a geometrically growing sequence has a shrinking
+    # relative residual and must not win. A converged iterate is always taken.
+    eligible = finite & (abs_res <= _BEST_ABS_SLACK * min_abs) & (res < best_res)
+    improved = running & (converged | eligible)
+    # Divergence is judged on the absolute residual in every stop_mode.
+    diverged = abs_res > divergence_factor * min_abs
+    status = jnp.where(
+        converged,
+        CONVERGED,
+        jnp.where(
+            ~finite,
+            NONFINITE,
+            jnp.where(
+                diverged,
+                DIVERGED,
+                jnp.where(k + 1 >= max_steps, MAX_STEPS, _RUNNING),
+            ),
+        ),
+    ).astype(jnp.int32)
+    status = jnp.where(running, status, status_in)
+    column = jnp.where(running & finite, res, jnp.asarray(jnp.inf, rdtype))
+    if batch_ndim == 0:
+        # A masked select, not .at[k].set: under vmap k is batched and a scatter is slow.
+        trace = jnp.where(jnp.arange(max_steps, dtype=jnp.int32) == k, column, trace)
+    else:
+        trace = jax.lax.dynamic_update_index_in_dim(trace, column, k, batch_ndim)
+    new_min = jnp.where(running & finite, jnp.minimum(min_abs, abs_res), min_abs)
+    return StepUpdate(
+        running=running,
+        still=status == _RUNNING,
+        improved=improved,
+        # f(best_x) is recorded at the first evaluation whatever it is, so f_value = f(value).
+        take_fx=improved | (running & (num_steps == 0)),
+        stats=jnp.where(
+            improved[..., None],
+            jnp.stack([abs_res, rel_res, res, new_min], axis=-1),
+            jnp.concatenate([stats[..., :3], new_min[..., None]], axis=-1),
+        ),
+        counts=jnp.stack([status, num_steps + running.astype(jnp.int32)], axis=-1),
+        trace=trace,
+    )
+
+
 # propose(aux, k, x, fx, gx) -> (next_x, aux); gx = fx - x is passed so rules need not recompute it.
 # k is the shared step counter (a scalar int32 under batch_ndim > 0).
 ProposeFn = Callable[[Any, jax.Array, PyTree, PyTree, PyTree], tuple[PyTree, Any]]
@@ -366,86 +486,23 @@ def solve(
     """
     sample_steps = check_sample_steps(sample_steps, max_steps)
     rdtype = tree.reduction_dtype(z0)
-    inf = jnp.array(jnp.inf, rdtype)
     batch_shape = tuple(jax.tree_util.tree_leaves(z0)[0].shape[:batch_ndim])
-    step_ids = jnp.arange(max_steps, dtype=jnp.int32)
-    # Mixed mode: ||g|| <= atol + tol ||x||  <=>  ||g|| / (atol / tol + ||x||) <= tol.
-    scale_floor = (tol if atol is None else atol) / tol if stop_mode == "mixed" else 0.0
+    rule = stopping_rule(tol, stop_mode, atol, divergence_factor, max_steps, batch_ndim)
 
     def cond_fun(c: _Carry) -> jax.Array:
         return jnp.any(c.counts[..., 0] == _RUNNING)
 
     def body_fun(c: _Carry) -> _Carry:
-        status_in, num_steps = c.counts[..., 0], c.counts[..., 1]
-        best_res, min_abs = c.stats[..., _BEST_RES], c.stats[..., _MIN_ABS]
-        running = status_in == _RUNNING  # [*batch]: problems this step belongs to
         fx = f(c.x)
         gx = tree.tree_sub(fx, c.x)
-        # Residuals steer the loop but are not differentiated (sqrt has no derivative at 0).
-        trees = [gx, fx, c.x] if stop_mode == "mixed" else [gx, fx]
-        norms = jnp.sqrt(jax.lax.stop_gradient(_squared_norms(trees, batch_ndim, rdtype)))
-        abs_res, fx_norm = norms[0], norms[1]
-        rel_res = abs_res / (fx_norm + jnp.asarray(_REL_EPS, rdtype))
-        if stop_mode == "rel":
-            res = rel_res
-        elif stop_mode == "mixed":
-            res = abs_res / (jnp.asarray(scale_floor, rdtype) + norms[2])
-        else:
-            res = abs_res
-        # A NaN or inf entry of f(x) propagates into ||f(x)||, so checking the two norms replaces a
-        # separate pass over f(x) (a norm that overflows also counts as non-finite). CONVERGED
-        # requires finiteness too: an overflowing ||f(x)|| would otherwise give rel_res = 0.
-        finite = jnp.isfinite(abs_res) & jnp.isfinite(fx_norm) & jnp.isfinite(res)
-        converged = finite & (res <= tol)
-        # "Best" ranks by stop_mode, but only among iterates whose ABSOLUTE residual is within
-        # _BEST_ABS_SLACK of the lowest seen: a geometrically growing sequence has a shrinking
-        # relative residual and must not win. A converged iterate is always taken.
-        eligible = finite & (abs_res <= _BEST_ABS_SLACK * min_abs) & (res < best_res)
-        improved = running & (converged | eligible)
-        # Divergence is judged on the absolute residual in every stop_mode.
-        diverged = abs_res > divergence_factor * min_abs
-        status = jnp.where(
-            converged,
-            CONVERGED,
-            jnp.where(
-                ~finite,
-                NONFINITE,
-                jnp.where(
-                    diverged,
-                    DIVERGED,
-                    jnp.where(c.k + 1 >= max_steps, MAX_STEPS, _RUNNING),
-                ),
-            ),
-        ).astype(jnp.int32)
-        status = jnp.where(running, status, status_in)
+        u = step_update(c.x, fx, gx, k=c.k, stats=c.stats, counts=c.counts, trace=c.trace, **rule)
         next_x, aux = propose(c.aux, c.k, c.x, fx, gx)
-        # Per-problem freezing touches only what this step writes: the iterate, the best iterate
-        # (only where improved), the per-problem scalars and one trace column. The rule's history
-        # buffers (aux) are NOT masked: a stopped problem never runs again and its returned
-        # fields are frozen here, so what the rule keeps writing into its own rows of the
-        # histories influences nothing (each problem's rows are independent of the others').
-        still = status == _RUNNING
-        column = jnp.where(running & finite, res, inf)
-        if batch_ndim == 0:
-            # A masked select, not .at[k].set: under vmap k is batched and a scatter is slow.
-            trace = jnp.where(step_ids == c.k, column, c.trace)
-        else:
-            trace = jax.lax.dynamic_update_index_in_dim(c.trace, column, c.k, batch_ndim)
-        # f(best_x) is recorded at the first evaluation whatever it is, so f_value = f(value).
-        take_fx = improved | (running & (num_steps == 0))
-        new_min = jnp.where(running & finite, jnp.minimum(min_abs, abs_res), min_abs)
-        stats = jnp.where(
-            improved[..., None],
-            jnp.stack([abs_res, rel_res, res, new_min], axis=-1),
-            jnp.concatenate([c.stats[..., :3], new_min[..., None]], axis=-1),
-        )
-        counts = jnp.stack([status, num_steps + running.astype(jnp.int32)], axis=-1)
         samples = c.samples
         if sample_steps is not None:
             # x_k (evaluated at this step) goes to the slot of step k, if k is a sample step.
             hits = sample_ids == c.k
             slot = jnp.argmax(hits).astype(jnp.int32)
-            record = running & jnp.any(hits)
+            record = u.running & jnp.any(hits)
             if batch_ndim == 0:  # a masked select (k is batched under vmap)
                 samples = tree.tree_set_row(samples, jnp.where(record, slot, -1), c.x)
             else:  # the shared slot, written in place
@@ -456,13 +513,13 @@ def solve(
                 samples = tree.tree_put_row(samples, slot, row, batch_ndim)
         return _Carry(
             k=c.k + 1,
-            x=tree.tree_where(still, next_x, c.x, batch_ndim),
+            x=tree.tree_where(u.still, next_x, c.x, batch_ndim),
             aux=aux,
-            best_x=tree.tree_where(improved, c.x, c.best_x, batch_ndim),
-            best_fx=tree.tree_where(take_fx, fx, c.best_fx, batch_ndim),
-            stats=stats,
-            counts=counts,
-            trace=trace,
+            best_x=tree.tree_where(u.improved, c.x, c.best_x, batch_ndim),
+            best_fx=tree.tree_where(u.take_fx, fx, c.best_fx, batch_ndim),
+            stats=u.stats,
+            counts=u.counts,
+            trace=u.trace,
             samples=samples,
         )
 

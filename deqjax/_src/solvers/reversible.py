@@ -46,11 +46,8 @@ PyTree = Any
 # The paper's code uses beta = 0.8 in its examples, tests and image-classification runs.
 DEFAULT_BETA = 0.8
 
-# Same guards as the shared driver (deqjax._src.solvers.base): the relative residual's denominator
-# guard and the "best iterate must not be blown up" slack.
-_REL_EPS = 1e-30
-_BEST_ABS_SLACK = 2.0
-_RUNNING = -1
+# The status of a problem still running (the shared driver's; base.step_update judges each step).
+_RUNNING = base._RUNNING
 
 
 @jax.tree_util.register_dataclass
@@ -110,11 +107,6 @@ def check_beta(beta: Any) -> float:
             "beta outside (0, 2) does not converge even for f = const."
         )
     return value
-
-
-def _squared_norms(trees: list[PyTree], batch_ndim: int, dtype: jnp.dtype) -> jax.Array:
-    """``[||t||^2 for t in trees]`` per problem, shape ``[len(trees), *batch]``."""
-    return jnp.stack([tree.tree_vdot(t, t, batch_ndim).astype(dtype) for t in trees])
 
 
 def _relax(beta: float, prev: PyTree, fx: PyTree) -> PyTree:
@@ -212,64 +204,21 @@ def reversible(
     n_checkpoints = max_steps // checkpoint_every if checkpoint_every and return_state else 0
 
     rdtype = tree.reduction_dtype(z0)
-    inf = jnp.array(jnp.inf, rdtype)
     batch_shape = tuple(jax.tree_util.tree_leaves(z0)[0].shape[:batch_ndim])
-    step_ids = jnp.arange(max_steps, dtype=jnp.int32)
-    scale_floor = (tol if atol is None else atol) / tol if stop_mode == "mixed" else 0.0
+    rule = base.stopping_rule(tol, stop_mode, atol, divergence_factor, max_steps, batch_ndim)
 
     def cond_fun(c: _Carry) -> jax.Array:
         return jnp.any(c.counts[..., 0] == _RUNNING)
 
     def body_fun(c: _Carry) -> _Carry:
-        status_in, num_steps = c.counts[..., 0], c.counts[..., 1]
-        best_res, min_abs = c.stats[..., 2], c.stats[..., 3]
-        running = status_in == _RUNNING
+        num_steps = c.counts[..., 1]
         fx = f(c.cur)
         gx = tree.tree_sub(fx, c.cur)
-        trees = [gx, fx, c.cur] if stop_mode == "mixed" else [gx, fx]
-        norms = jnp.sqrt(jax.lax.stop_gradient(_squared_norms(trees, batch_ndim, rdtype)))
-        abs_res, fx_norm = norms[0], norms[1]
-        rel_res = abs_res / (fx_norm + jnp.asarray(_REL_EPS, rdtype))
-        if stop_mode == "rel":
-            res = rel_res
-        elif stop_mode == "mixed":
-            res = abs_res / (jnp.asarray(scale_floor, rdtype) + norms[2])
-        else:
-            res = abs_res
-        finite = jnp.isfinite(abs_res) & jnp.isfinite(fx_norm) & jnp.isfinite(res)
-        converged = finite & (res <= tol)
-        eligible = finite & (abs_res <= _BEST_ABS_SLACK * min_abs) & (res < best_res)
-        improved = running & (converged | eligible)
-        diverged = abs_res > divergence_factor * min_abs
-        status = jnp.where(
-            converged,
-            base.CONVERGED,
-            jnp.where(
-                ~finite,
-                base.NONFINITE,
-                jnp.where(
-                    diverged,
-                    base.DIVERGED,
-                    jnp.where(c.k + 1 >= max_steps, base.MAX_STEPS, _RUNNING),
-                ),
-            ),
-        ).astype(jnp.int32)
-        status = jnp.where(running, status, status_in)
-        still = status == _RUNNING
-        nxt = _relax(beta, c.prev, fx)
-        column = jnp.where(running & finite, res, inf)
-        if batch_ndim == 0:
-            trace = jnp.where(step_ids == c.k, column, c.trace)
-        else:
-            trace = jax.lax.dynamic_update_index_in_dim(c.trace, column, c.k, batch_ndim)
-        take_fx = improved | (running & (num_steps == 0))
-        new_min = jnp.where(running & finite, jnp.minimum(min_abs, abs_res), min_abs)
-        stats = jnp.where(
-            improved[..., None],
-            jnp.stack([abs_res, rel_res, res, new_min], axis=-1),
-            jnp.concatenate([c.stats[..., :3], new_min[..., None]], axis=-1),
+        u = base.step_update(
+            c.cur, fx, gx, k=c.k, stats=c.stats, counts=c.counts, trace=c.trace, **rule
         )
-        counts = jnp.stack([status, num_steps + running.astype(jnp.int32)], axis=-1)
+        running, still, improved = u.running, u.still, u.improved
+        nxt = _relax(beta, c.prev, fx)
         checkpoints = c.checkpoints
         if n_checkpoints:
             # The pair (w_{k-1}, w_k) = (prev, cur) of index k goes to row k // m - 1.
@@ -290,11 +239,11 @@ def reversible(
             cur=tree.tree_where(still, nxt, c.cur, batch_ndim),
             best_prev=tree.tree_where(improved, c.prev, c.best_prev, batch_ndim),
             best_cur=tree.tree_where(improved, c.cur, c.best_cur, batch_ndim),
-            best_fx=tree.tree_where(take_fx, fx, c.best_fx, batch_ndim),
+            best_fx=tree.tree_where(u.take_fx, fx, c.best_fx, batch_ndim),
             best_k=jnp.where(improved, num_steps, c.best_k),
-            stats=stats,
-            counts=counts,
-            trace=trace,
+            stats=u.stats,
+            counts=u.counts,
+            trace=u.trace,
             checkpoints=checkpoints,
             samples=samples,
         )
