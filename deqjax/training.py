@@ -31,6 +31,7 @@ from deqjax._src.training.distributed import (
 from deqjax._src.training.evaluation import evaluate, make_eval_step
 from deqjax._src.training.fit import FitResult, NonFiniteError, fit, skip_nonfinite
 from deqjax._src.training.flags import (
+    GRADIENTS,
     add_jr_flags,
     add_logging_flags,
     add_optimization_flags,
@@ -98,6 +99,7 @@ from deqjax._src.training.train_step import (
 from deqjax._src.training.xla_memory import compile_with_memory
 
 __all__ = [
+    "GRADIENTS",
     "CheckpointError",
     "Checkpointer",
     "DistributedConfig",
