@@ -59,14 +59,19 @@ def claim3_1d() -> None:
     names = list(res)
     fig, axes = plt.subplots(1, 5, figsize=(22, 3.8))
     for j, (key, title) in enumerate(
-        [("val_mse", "val MSE (budget 6)"), ("nfe_fpi", "fixed-point NFE to 1e-3"),
-         ("mean_abs_slope", "mean |∂f/∂z| at z*")]
+        [
+            ("val_mse", "val MSE (budget 6)"),
+            ("nfe_fpi", "fixed-point NFE to 1e-3"),
+            ("mean_abs_slope", "mean |∂f/∂z| at z*"),
+        ]
     ):
         ax = axes[j]
         for i, name in enumerate(names):
             for g, dx, c in ((0.0, -0.15, "C3"), (1.0, 0.15, "C0")):
                 v = [r[key] for r in res[name]["rows"] if r["gamma"] == g]
-                ax.scatter(np.full(len(v), i + dx), v, s=12, color=c, label=f"γ={g:g}" if i == 0 else None)
+                ax.scatter(
+                    np.full(len(v), i + dx), v, s=12, color=c, label=f"γ={g:g}" if i == 0 else None
+                )
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=20, fontsize=8)
         ax.set_yscale("log")
@@ -96,16 +101,28 @@ def claim1_sweep() -> None:
         rows, width, act = res["rows"], res["args"]["width"], res["args"].get("act", "relu")
         for fam in dict.fromkeys(r["family"] for r in rows):
             sc = sorted({r["scale"] for r in rows if r["family"] == fam})
-            errs = [[r["test_err"] for r in rows if r["family"] == fam and r["scale"] == s] for s in sc]
+            errs = [
+                [r["test_err"] for r in rows if r["family"] == fam and r["scale"] == s] for s in sc
+            ]
             med = [np.median(e) for e in errs]
             row[0].plot(sc, med, "-o", color=COLORS[fam], label=f"{fam} median", ms=3)
-            row[0].plot(sc, [np.mean(e) for e in errs], "--", color=COLORS[fam], label=f"{fam} mean")
-            row[0].fill_between(sc, [np.percentile(e, 25) for e in errs],
-                                [np.percentile(e, 75) for e in errs], color=COLORS[fam], alpha=0.15)
+            row[0].plot(
+                sc, [np.mean(e) for e in errs], "--", color=COLORS[fam], label=f"{fam} mean"
+            )
+            row[0].fill_between(
+                sc,
+                [np.percentile(e, 25) for e in errs],
+                [np.percentile(e, 75) for e in errs],
+                color=COLORS[fam],
+                alpha=0.15,
+            )
             x = [r["rho_J_init"] for r in rows if r["family"] == fam]
             y = [r["test_err"] for r in rows if r["family"] == fam]
             row[1].scatter(x, y, s=8, color=COLORS[fam], label=fam)
-            nfe = [np.median([r["test_nfe"] for r in rows if r["family"] == fam and r["scale"] == s]) for s in sc]
+            nfe = [
+                np.median([r["test_nfe"] for r in rows if r["family"] == fam and r["scale"] == s])
+                for s in sc
+            ]
             row[2].plot(sc, nfe, "-o", color=COLORS[fam], ms=3, label=fam)
         row[0].set_xlabel("init scale σ")
         row[0].set_ylabel("test error")
