@@ -11,7 +11,7 @@ many separate layers; explicit models carry Transformer-XL per-layer memory). Wi
 the memory is ``fit``'s carry along the streams (gradient stopped, reset at each pass's start).
 
 Defaults (KJV, BENCHMARKS.md "Language model"): Adam 5e-3, clip 0.25, 300 steps of 16 x 64 tokens,
-``d_model`` 64, Anderson <= 12 steps to 1e-3. Pre-LN does not train here (``z*`` grows unbounded).
+``d_model`` 64, Anderson <= 12 steps to 1e-3. ``--pre_ln``: JR paper pre-LN (REPRODUCTION.md 5).
 ``results.json`` per model: valid perplexity (unigram reference alongside), last-10% train ppl,
 forward NFE and relative residual (NaN: explicit), ``||J||²_F / d``, step time, tokens/s, XLA temp
 bytes of the step (a PROXY for peak activation memory), carried memory, params; ``loss.png``,
