@@ -36,12 +36,10 @@ from deqjax._src.models.scalar_deq import (
     plot_jr_fig5,
 )
 from deqjax._src.models.sequence import (
-    ADJOINTS,
     CELLS,
     KINDS,
     SequenceBackbone,
     initial_memory,
-    make_adjoint,
     memory_shape,
     next_memory,
     reset_memory,
@@ -51,7 +49,6 @@ from deqjax._src.models.sequence import (
 from deqjax._src.models.sequence_model import SequenceModel
 
 __all__ = [
-    "ADJOINTS",
     "CELLS",
     "ClassifierFns",
     "INIT_FAMILIES",
@@ -70,7 +67,6 @@ __all__ = [
     "jr_synthetic_data",
     "jr_synthetic_target",
     "lm_loss",
-    "make_adjoint",
     "memory_shape",
     "next_memory",
     "plot_jr_fig5",

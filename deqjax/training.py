@@ -41,6 +41,7 @@ from deqjax._src.training.flags import (
     jr_from_flags,
     num_steps_from_flags,
     optimizer_from_flags,
+    solver_and_adjoint,
     solvers_from_flags,
 )
 from deqjax._src.training.metrics import (
@@ -163,6 +164,7 @@ __all__ = [
     "short_runs",
     "skip_nonfinite",
     "backward_solver_from_flags",
+    "solver_and_adjoint",
     "solvers_from_flags",
     "summarize_runs",
     "to_python",

@@ -58,7 +58,7 @@ def add_flags(p) -> None:
     add("--trellis_kernel", type=int, default=11,
         help="trellis kernel size k: n evaluations reach n (k - 1) positions back")  # fmt: skip
     add("--jr_gamma", type=float, default=0.0, help="Jacobian regularization weight")
-    add("--adjoint", choices=dq.models.ADJOINTS, default="implicit", help="DEQ gradient")
+    add("--adjoint", choices=dq.training.GRADIENTS, default="implicit", help="DEQ gradient")
     add("--steps", type=int, default=1200, help="training steps")
     add("--batch_size", type=int, default=32, help="training batch size")
     add("--eval_batch_size", type=int, default=256, help="evaluation batch size")
@@ -82,14 +82,15 @@ def setup(args):
 
 def build(kind: str, cell: str, args) -> hk.Transformed:
     """``apply(params, rng, inputs, is_training) -> (logits, aux)``."""
-    solver = dq.solvers.Anderson(max_steps=args.max_steps, tol=args.tol, m=5)
+    solver, adjoint = dq.training.solver_and_adjoint(
+        args.adjoint, max_steps=args.max_steps, tol=args.tol, tau=0.8)  # fmt: skip
     reg = dq.regularization.JacobianRegularizer(args.jr_gamma) if args.jr_gamma > 0 else None
 
     def forward(inputs, is_training):
         return dq.models.SequenceModel(
             VOCAB, kind, cell, d_model=args.d_model,
             num_heads=args.num_heads, depth=args.depth, trellis_kernel=args.trellis_kernel,
-            solver=solver, adjoint=dq.models.make_adjoint(args.adjoint), regularizer=reg,
+            solver=solver, adjoint=adjoint, regularizer=reg,
         )(inputs, is_training=is_training)  # fmt: skip
 
     return hk.transform(forward)

@@ -57,7 +57,7 @@ def add_flags(p) -> None:
     add("--depth", type=int, default=0, help="explicit depth; 0: the DEQ's NFE")
     add("--pre_ln", action="store_true", help="pre-layer-norm cells (default post-LN)")
     add("--jr_gamma", type=float, default=0.0, help="JR weight (0: off)")
-    add("--adjoint", choices=dq.models.ADJOINTS, default="implicit", help="DEQ gradient")
+    add("--adjoint", choices=dq.training.GRADIENTS, default="implicit", help="DEQ gradient")
     add("--memory", action=argparse.BooleanOptionalAction, default=True, help="carry memory")
     add("--mem_len", type=int, default=0, help="memory positions M; 0: seq_len")
     add("--steps", type=int, default=300, help="training steps per model")
@@ -82,13 +82,14 @@ def setup(args):
 
 def build(kind: str, args, vocab: int, depth: int) -> hk.Transformed:
     """``apply(params, rng, tokens, mems, is_training) -> (logits, aux)``."""
-    solver = dq.solvers.Anderson(max_steps=args.max_steps, tol=args.tol, m=5)
+    solver, adjoint = dq.training.solver_and_adjoint(
+        args.adjoint, max_steps=args.max_steps, tol=args.tol, tau=0.8)  # fmt: skip
     reg = dq.regularization.JacobianRegularizer(args.jr_gamma) if args.jr_gamma > 0 else None
 
     def forward(tokens, mems, is_training):
         return dq.models.SequenceModel(
             vocab, kind, d_model=args.d_model, num_heads=args.num_heads, depth=depth,
-            pre_ln=args.pre_ln, solver=solver, adjoint=dq.models.make_adjoint(args.adjoint),
+            pre_ln=args.pre_ln, solver=solver, adjoint=adjoint,
             regularizer=reg, embed_init=hk.initializers.RandomNormal(0.02),
         )(tokens, mems, is_training=is_training)  # fmt: skip
 

@@ -47,23 +47,6 @@ from deqjax._src.solvers import base, summary
 
 KINDS = ("deq", "tied", "untied")
 CELLS = ("transformer", "trellis")
-ADJOINTS = ("implicit", "phantom", "unrolled")
-
-
-def make_adjoint(name: str) -> adjoints.Adjoint:
-    """The DEQ gradient named ``name``: ``"implicit"`` (DEQ Theorem 1), ``"phantom"`` (5 damped
-    steps, τ = 0.8; Geng et al. 2021) or ``"unrolled"`` (backprop through the solver).
-
-    Raises:
-      ValueError: if ``name`` is not one of :data:`ADJOINTS`.
-    """
-    if name == "implicit":
-        return adjoints.ImplicitAdjoint()
-    if name == "phantom":
-        return adjoints.PhantomAdjoint(steps=5, tau=0.8)
-    if name == "unrolled":
-        return adjoints.UnrolledAdjoint()
-    raise ValueError(f"adjoint must be one of {ADJOINTS}, got {name!r}.")
 
 
 def sequence_cell(

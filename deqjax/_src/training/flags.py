@@ -181,35 +181,62 @@ def backward_solver_from_flags(args: argparse.Namespace) -> solver_objects.Ander
     )
 
 
-def solvers_from_flags(
-    args: argparse.Namespace,
+def solver_and_adjoint(
+    name: str,
+    *,
+    max_steps: int,
+    tol: float,
+    stop_mode: str = "rel",
+    m: int = 5,
+    backward: solver_objects.Solver | None = None,
+    steps: int | None = None,
+    tau: float = 0.5,
 ) -> tuple[solver_objects.Solver, adjoints.Adjoint]:
-    """``(forward solver, adjoint)`` from the solver flags.
+    """``(forward solver, adjoint)`` for the gradient named ``name`` (one of :data:`GRADIENTS`).
 
-    ``--adjoint`` picks the gradient; two of them need their own forward solver, built with the
-    same ``--max_steps --tol --stop_mode``: ``shine`` runs Broyden with ``return_inverse=True``
-    (SHINE reuses its inverse estimate, no fallback: the estimate's gradient as it is, refined by
-    ``--adjoint_steps``), ``reversible`` runs the reversible solver (whose ``max_steps`` counts
-    ``f`` evaluations, two per step of the paper). The others keep Anderson.
+    Two gradients need their own forward solver, built with the same ``max_steps``, ``tol`` and
+    ``stop_mode``: ``"shine"`` runs Broyden with ``return_inverse=True`` (SHINE reuses its
+    inverse estimate, no fallback: the estimate's gradient as it is, refined by ``steps``
+    adjoint iterations), ``"reversible"`` runs the reversible solver (its ``max_steps`` counts
+    ``f`` evaluations, two per step of the paper). The others use Anderson with memory ``m``;
+    ``"implicit"`` solves the backward with ``backward`` (None: the forward's kind),
+    ``"phantom"`` differentiates ``steps`` (default 5) damped steps of damping ``tau``.
+
+    Raises:
+      ValueError: if ``name`` is not one of :data:`GRADIENTS`.
     """
-    name = getattr(args, "adjoint", "implicit")
-    steps = getattr(args, "adjoint_steps", None)
-    common = {"max_steps": args.max_steps, "tol": args.tol, "stop_mode": args.stop_mode}
-    anderson = solver_objects.Anderson(m=args.anderson_m, **common)
-    if name == "implicit":
-        return anderson, adjoints.ImplicitAdjoint(solver=backward_solver_from_flags(args))
-    if name == "phantom":
-        return anderson, adjoints.PhantomAdjoint(steps=5 if steps is None else max(steps, 1))
-    if name == "one_step":
-        return anderson, adjoints.OneStepAdjoint()
-    if name == "unrolled":
-        return anderson, adjoints.UnrolledAdjoint()
+    common = {"max_steps": max_steps, "tol": tol, "stop_mode": stop_mode}
     if name == "shine":
         broyden = solver_objects.Broyden(return_inverse=True, **common)
         return broyden, shine.ShineAdjoint(refine_steps=steps or 0, fallback=None)
     if name == "reversible":
         return solver_objects.Reversible(**common), reversible_adjoint.ReversibleAdjoint()
-    raise ValueError(f"--adjoint must be one of {GRADIENTS}, got {name!r}.")
+    anderson = solver_objects.Anderson(m=m, **common)
+    if name == "implicit":
+        return anderson, adjoints.ImplicitAdjoint(solver=backward)
+    if name == "phantom":
+        return anderson, adjoints.PhantomAdjoint(steps=5 if steps is None else steps, tau=tau)
+    if name == "one_step":
+        return anderson, adjoints.OneStepAdjoint()
+    if name == "unrolled":
+        return anderson, adjoints.UnrolledAdjoint()
+    raise ValueError(f"adjoint must be one of {GRADIENTS}, got {name!r}.")
+
+
+def solvers_from_flags(
+    args: argparse.Namespace,
+) -> tuple[solver_objects.Solver, adjoints.Adjoint]:
+    """``(forward solver, adjoint)`` of ``--adjoint`` (:func:`solver_and_adjoint`) from the solver
+    flags; the implicit backward is :func:`backward_solver_from_flags`."""
+    return solver_and_adjoint(
+        getattr(args, "adjoint", "implicit"),
+        max_steps=args.max_steps,
+        tol=args.tol,
+        stop_mode=args.stop_mode,
+        m=args.anderson_m,
+        backward=backward_solver_from_flags(args),
+        steps=getattr(args, "adjoint_steps", None),
+    )
 
 
 def add_jr_flags(p: argparse.ArgumentParser, *, jr: bool = True, gamma: float = 1.0) -> None:
