@@ -162,6 +162,7 @@ def test_fallback_rescues_a_failing_fixed_point_backward():
     assert rel_err(grads(dq.ImplicitAdjoint(solver=SHORT_FPI), p, x), ref) < 1e-8
 
 
+@pytest.mark.slow
 def test_fallback_gradient_passes_check_grads():
     p, x = flip_problem(seed=1)
 
@@ -276,6 +277,7 @@ def test_krylov_bad_arguments():
 # --- the gradient channel under vmap, scan and pmap --------------------------------------------
 
 
+@pytest.mark.slow
 def test_backward_stats_sum_over_vmap_and_scan_and_match_per_example():
     p, _ = flip_problem(seed=4, lam=-0.9)
     xs = (

@@ -107,6 +107,7 @@ def rel_err(a, b):
     ],
     ids=["forward-anderson", "broyden", "gmres"],
 )
+@pytest.mark.slow
 def test_batch_native_implicit_gradient_equals_vmap_and_dense(bwd):
     p, x = problem()
     adjoint = dq.ImplicitAdjoint(solver=bwd)
@@ -158,6 +159,7 @@ def test_other_adjoints_batch_native_equal_vmap(adjoint):
     assert all(float(v) == 0.0 for v in stats)
 
 
+@pytest.mark.slow
 def test_batch_native_memory_is_close_to_the_whole_batch_solve():
     b, d = 64, 64
     p, x = problem(seed=4, dtype=jnp.float32, b=b, d=d)

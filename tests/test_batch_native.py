@@ -136,6 +136,7 @@ def test_broyden_unlimited_memory_blocked_reads_equal_full_reads():
     assert np.all(np.asarray(blocked.status) == solvers.CONVERGED)
 
 
+@pytest.mark.slow
 def test_batch_ndim_2_and_pytree_state():
     """Two batch axes, and a state with several leaves (mixed dtypes) sharing them."""
     rng = np.random.default_rng(2)

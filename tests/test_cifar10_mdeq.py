@@ -116,6 +116,7 @@ def test_nfe_never_exceeds_budget_and_converged_solves_stop_early(setup):
     assert_tree_close(aux["readout"], f1)
 
 
+@pytest.mark.slow
 def test_training_forward_adds_the_gated_jr_term(setup):
     params, images, _, _ = setup
     reg = dq.regularization.JacobianRegularizer(2.0, p=0.5)

@@ -312,6 +312,7 @@ def test_backward_failure_never_silently_zeroes_the_gradient(dtype, gain, bwd_kw
     np.testing.assert_allclose(one_step, g, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_implicit_backward_memory_does_not_grow_with_forward_steps():
     d, batch = 32, 8
     rng = np.random.default_rng(11)

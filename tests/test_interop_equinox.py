@@ -68,6 +68,7 @@ def test_fixed_point_gradient_matches_the_dense_implicit_gradient():
         np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_batch_native_solve_equals_the_vmapped_solve_and_its_gradient():
     xs = jax.random.normal(jax.random.PRNGKey(3), (B, D))
 

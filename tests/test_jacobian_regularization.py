@@ -58,6 +58,7 @@ def test_penalty_gradient_matches_finite_differences_float64():
     assert np.all(np.isfinite(np.asarray(g))) and float(jnp.max(jnp.abs(g))) > 0
 
 
+@pytest.mark.slow
 def test_penalty_through_fixed_point_and_differentiate_z_star():
     p, x = problem(2)
     key = jax.random.key(0)

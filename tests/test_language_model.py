@@ -83,6 +83,7 @@ def test_explicit_memory_is_used_per_layer(tied):
         model.apply(params, x, mems[:2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["untied", "deq"])
 def test_memory_shapes_and_stop_gradient(kind):
     """Shapes per kind; gradients do not flow into the previous segment through the memory."""
@@ -170,6 +171,7 @@ def _lm(kind: str = "deq") -> hk.Transformed:
     return hk.transform(forward)
 
 
+@pytest.mark.slow
 def test_lm_loss_resets_memory_at_a_pass_start():
     model = _lm()
     loss_fn = dq.models.lm_loss(model, memory_length=M)

@@ -478,6 +478,7 @@ def test_batch_native_dropout_masks_and_keys_per_example_and_fixed_across_iterat
     assert not np.array_equal(seen[0][0], mask0)  # a new forward pass draws new masks
 
 
+@pytest.mark.slow
 def test_f_star_is_f_of_z_star_with_the_implicit_gradient_of_the_cell_fn_readout(base):
     """f_star = f(z*) without another cell evaluation, and (implicit adjoint) the same gradient
     as differentiating one more application cell_fn(z*) — even with a loose forward solve."""

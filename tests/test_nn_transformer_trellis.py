@@ -104,6 +104,7 @@ def test_sinusoidal_embedding_bad_dim():
 # shapes, jit, weight norm
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_mems", [False, True])
 def test_transformer_shapes_and_jit(with_mems):
     x, z = _transformer_inputs(with_mems)
@@ -135,6 +136,7 @@ def test_trellis_shapes_and_jit(with_history):
     assert TrellisCell.hidden(out).shape == (B, T, HS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [_transformer, _trellis])
 def test_weight_norm_forward_invariant_to_rescaling_v(make):
     x, z = _transformer_inputs(True) if make is _transformer else _trellis_inputs(True)
@@ -474,6 +476,7 @@ DEQ_CASES = {
         pytest.param("transformer", True, marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow
 def test_deq_gradient_matches_unrolled_and_masks_are_fixed(case, compare_unrolled):
     make_cell, make_x = DEQ_CASES[case]
     x = make_x()

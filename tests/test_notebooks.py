@@ -49,6 +49,7 @@ def kernel_env(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_executes_and_writes_figures(name, kernel_env, monkeypatch):
     out = kernel_env / "figures"

@@ -106,6 +106,7 @@ def test_fallback_runs_where_the_estimate_is_poor_and_gives_the_implicit_gradien
 @pytest.mark.parametrize(
     "fallback_tol", [float("inf"), pytest.param(1e-30, marks=pytest.mark.slow)]
 )
+@pytest.mark.slow
 def test_batch_native_equals_vmap(fallback_tol):
     params, _ = problem(seed=3)
     xs = jax.random.normal(jax.random.PRNGKey(4), (3, D), jnp.float64) * jnp.array(

@@ -260,6 +260,7 @@ def test_loop_kinds_agree(name):
     assert_solutions_equal(sols["while"], sols["python"], rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_python_loop_counts_evaluations():
     """num_steps is exactly the number of evaluations of f (line-search trials included)."""
     for name, kwargs in [

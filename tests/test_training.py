@@ -149,6 +149,7 @@ def test_distributed_config_from_flags_and_env():
 # --- end to end in this process (one device) ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_fit_learns_digits(tmp_path):
     # Haiku's initializers mix Python floats with float32 arrays: standard promotion for the toy.
     with jax.numpy_dtype_promotion("standard"):
@@ -228,6 +229,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_agree(tmp_path):
     port = _free_port()
     procs = [
@@ -260,6 +262,7 @@ def test_two_processes_agree(tmp_path):
     assert os.listdir(tmp_path / "ckpt") == ["6"]  # both processes wrote one checkpoint
 
 
+@pytest.mark.slow
 def test_sigterm_and_sigkill_then_resume_reproduce_the_run(tmp_path):
     work, ref = tmp_path / "run", tmp_path / "ref"
     common = ["--workdir", work, "--num_steps", 12, "--batch_size", 64, "--checkpoint_every", 3]
