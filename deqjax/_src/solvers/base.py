@@ -362,6 +362,20 @@ def stopping_rule(
     )
 
 
+def initial_bookkeeping(
+    batch_shape: tuple[int, ...], max_steps: int, rdtype: jnp.dtype
+) -> dict[str, jax.Array]:
+    """The ``stats``, ``counts`` and ``trace`` that :func:`step_update` starts from: nothing seen
+    (residuals +inf), every problem running with 0 evaluations, an all-+inf trace."""
+    return dict(
+        stats=jnp.full(batch_shape + (4,), jnp.inf, rdtype),
+        counts=jnp.stack(
+            [jnp.full(batch_shape, _RUNNING, jnp.int32), jnp.zeros(batch_shape, jnp.int32)], -1
+        ),
+        trace=jnp.full(batch_shape + (max_steps,), jnp.inf, rdtype),
+    )
+
+
 def step_update(
     x: PyTree,
     fx: PyTree,
@@ -534,11 +548,7 @@ def solve(
         aux=aux0,
         best_x=z0,
         best_fx=z0,
-        stats=jnp.full(batch_shape + (4,), jnp.inf, rdtype),
-        counts=jnp.stack(
-            [jnp.full(batch_shape, _RUNNING, jnp.int32), jnp.zeros(batch_shape, jnp.int32)], -1
-        ),
-        trace=jnp.full(batch_shape + (max_steps,), jnp.inf, rdtype),
+        **initial_bookkeeping(batch_shape, max_steps, rdtype),
         samples=samples0,
     )
     c = loop_lib.bounded_while_loop(cond_fun, body_fun, init, max_steps=max_steps, loop=loop)

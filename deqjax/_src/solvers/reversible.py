@@ -264,11 +264,7 @@ def reversible(
         best_cur=z0,
         best_fx=z0,
         best_k=jnp.zeros(batch_shape, jnp.int32),
-        stats=jnp.full(batch_shape + (4,), jnp.inf, rdtype),
-        counts=jnp.stack(
-            [jnp.full(batch_shape, _RUNNING, jnp.int32), jnp.zeros(batch_shape, jnp.int32)], -1
-        ),
-        trace=jnp.full(batch_shape + (max_steps,), jnp.inf, rdtype),
+        **base.initial_bookkeeping(batch_shape, max_steps, rdtype),
         checkpoints=checkpoints0,
         samples=samples0,
     )
