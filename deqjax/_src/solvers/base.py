@@ -463,6 +463,47 @@ def step_update(
     )
 
 
+def record_sample(
+    samples: PyTree,
+    sample_ids: jax.Array,
+    k: jax.Array,
+    running: jax.Array,
+    x: PyTree,
+    batch_ndim: int,
+) -> PyTree:
+    """Writes ``x`` (evaluated at loop step ``k``) into the slot of step ``k`` of the problems
+    still ``running``, if ``k`` is one of ``sample_ids``; ``samples`` leaves are
+    ``[*batch, n, ...]``."""
+    hits = sample_ids == k
+    slot = jnp.argmax(hits).astype(jnp.int32)
+    record = running & jnp.any(hits)
+    if batch_ndim == 0:  # a masked select (k is batched under vmap)
+        return tree.tree_set_row(samples, jnp.where(record, slot, -1), x)
+    # The shared slot, written in place.
+    old = jax.tree_util.tree_map(
+        lambda s: jax.lax.dynamic_index_in_dim(s, slot, batch_ndim, False), samples
+    )
+    return tree.tree_put_row(samples, slot, tree.tree_where(record, x, old, batch_ndim), batch_ndim)
+
+
+def fill_samples(
+    samples: PyTree,
+    sample_ids: jax.Array,
+    num_steps: jax.Array,
+    value: PyTree,
+    batch_ndim: int,
+) -> PyTree:
+    """``samples`` with the slots of steps a problem did not reach (it stopped first, so that
+    iterate was never evaluated) holding its returned ``value``."""
+    late = sample_ids.reshape((1,) * batch_ndim + (-1,)) >= num_steps[..., None]  # [*batch, n]
+
+    def fill(s, best):
+        mask = late.reshape(late.shape + (1,) * (s.ndim - late.ndim))
+        return jnp.where(mask, jnp.expand_dims(best, batch_ndim), s)
+
+    return jax.tree_util.tree_map(fill, samples, value)
+
+
 # propose(aux, k, x, fx, gx) -> (next_x, aux); gx = fx - x is passed so rules need not recompute it.
 # k is the shared step counter (a scalar int32 under batch_ndim > 0).
 ProposeFn = Callable[[Any, jax.Array, PyTree, PyTree, PyTree], tuple[PyTree, Any]]
@@ -513,18 +554,7 @@ def solve(
         next_x, aux = propose(c.aux, c.k, c.x, fx, gx)
         samples = c.samples
         if sample_steps is not None:
-            # x_k (evaluated at this step) goes to the slot of step k, if k is a sample step.
-            hits = sample_ids == c.k
-            slot = jnp.argmax(hits).astype(jnp.int32)
-            record = u.running & jnp.any(hits)
-            if batch_ndim == 0:  # a masked select (k is batched under vmap)
-                samples = tree.tree_set_row(samples, jnp.where(record, slot, -1), c.x)
-            else:  # the shared slot, written in place
-                old = jax.tree_util.tree_map(
-                    lambda s: jax.lax.dynamic_index_in_dim(s, slot, batch_ndim, False), samples
-                )
-                row = tree.tree_where(record, c.x, old, batch_ndim)
-                samples = tree.tree_put_row(samples, slot, row, batch_ndim)
+            samples = record_sample(samples, sample_ids, c.k, u.running, c.x, batch_ndim)
         return _Carry(
             k=c.k + 1,
             x=tree.tree_where(u.still, next_x, c.x, batch_ndim),
@@ -554,14 +584,7 @@ def solve(
     c = loop_lib.bounded_while_loop(cond_fun, body_fun, init, max_steps=max_steps, loop=loop)
     samples = None
     if sample_steps is not None:
-        # Steps a problem did not reach (x_s never evaluated: it stopped first) hold its value.
-        late = sample_ids.reshape((1,) * batch_ndim + (-1,)) >= c.counts[..., 1:2]  # [*batch, n]
-
-        def fill(s, best):
-            mask = late.reshape(late.shape + (1,) * (s.ndim - late.ndim))
-            return jnp.where(mask, jnp.expand_dims(best, batch_ndim), s)
-
-        samples = jax.tree_util.tree_map(fill, c.samples, c.best_x)
+        samples = fill_samples(c.samples, sample_ids, c.counts[..., 1], c.best_x, batch_ndim)
     return Solution(
         value=c.best_x,
         num_steps=c.counts[..., 1],

@@ -230,9 +230,7 @@ def reversible(
             )
         samples = c.samples
         if sample_steps is not None:  # w_k (evaluated at this step) goes to the slot of step k
-            hits = sample_ids == c.k
-            slot = jnp.where(running & jnp.any(hits), jnp.argmax(hits), -1)
-            samples = tree.tree_set_row(samples, slot, c.cur, batch_ndim)
+            samples = base.record_sample(samples, sample_ids, c.k, running, c.cur, batch_ndim)
         return _Carry(
             k=c.k + 1,
             prev=tree.tree_where(still, c.cur, c.prev, batch_ndim),
@@ -279,14 +277,8 @@ def reversible(
         f_value=c.best_fx,
     )
     if sample_steps is not None:
-        # Steps a problem did not reach (it stopped first) hold its value.
-        late = sample_ids.reshape((1,) * batch_ndim + (-1,)) >= c.counts[..., 1:2]
-
-        def fill(s, best):
-            mask = late.reshape(late.shape + (1,) * (s.ndim - late.ndim))
-            return jnp.where(mask, jnp.expand_dims(best, batch_ndim), s)
-
-        sol = sol._replace(samples=jax.tree_util.tree_map(fill, c.samples, c.best_cur))
+        samples = base.fill_samples(c.samples, sample_ids, c.counts[..., 1], c.best_cur, batch_ndim)
+        sol = sol._replace(samples=samples)
     if return_state:
         state = ReversibleState(
             prev=c.best_prev,
