@@ -11,15 +11,14 @@ many separate layers; explicit models carry Transformer-XL per-layer memory). Wi
 the memory is ``fit``'s carry along the streams (gradient stopped, reset at each pass's start).
 
 Defaults (KJV, BENCHMARKS.md "Language model"): Adam 5e-3, clip 0.25, 300 steps of 16 x 64 tokens,
-``d_model`` 64, Anderson <= 12 steps to 1e-3. ``--pre_ln``: JR paper pre-LN (REPRODUCTION.md 5).
+``d_model`` 64, Anderson <= 12 steps to 1e-3. ``--pre_ln``: JR paper pre-LN (REPRODUCTION.md 5);
+``--ffn_init goe --ffn_scale 2 --d_ff 64``: the init paper's §4.3 ensembles (REPRODUCTION.md 2).
 ``results.json`` per model: valid perplexity (unigram reference alongside), last-10% train ppl,
 forward NFE and relative residual (NaN: explicit), ``||J||²_F / d``, step time, tokens/s, XLA temp
 bytes of the step (a PROXY for peak activation memory), carried memory, params; ``loss.png``,
 ``deq_solver.png``, ``metrics_<model>.jsonl``, checkpoints (``--resume``).
 
-Usage:
-  python -m experiments.language_model --smoke
-  python -m experiments.language_model      # KJV stand-in, 300 steps/model: ~3 min on 2 CPU cores
+Usage: ``python -m experiments.language_model [--smoke]`` (KJV, 300 steps/model: ~3 min, 2 CPUs)
 """
 
 from __future__ import annotations
@@ -56,6 +55,9 @@ def add_flags(p) -> None:
     add("--tol", type=float, default=1e-3, help="forward solver tolerance")
     add("--depth", type=int, default=0, help="explicit depth; 0: the DEQ's NFE")
     add("--pre_ln", action="store_true", help="pre-layer-norm cells (default post-LN)")
+    add("--d_ff", type=int, default=0, help="FFN width; 0: 2 d_model")
+    add("--ffn_init", choices=("paper", *dq.models.INIT_FAMILIES), default="paper", help="FFN W")
+    add("--ffn_scale", type=float, default=1.0, help="ensemble scale of --ffn_init")
     add("--jr_gamma", type=float, default=0.0, help="JR weight (0: off)")
     add("--adjoint", choices=dq.training.GRADIENTS, default="implicit", help="DEQ gradient")
     add("--memory", action=argparse.BooleanOptionalAction, default=True, help="carry memory")
@@ -85,12 +87,13 @@ def build(kind: str, args, vocab: int, depth: int) -> hk.Transformed:
     solver, adjoint = dq.training.solver_and_adjoint(
         args.adjoint, max_steps=args.max_steps, tol=args.tol, tau=0.8)  # fmt: skip
     reg = dq.regularization.JacobianRegularizer(args.jr_gamma) if args.jr_gamma > 0 else None
+    ffn = args.ffn_init != "paper" and dq.models.recurrent_init(args.ffn_init, args.ffn_scale)
 
     def forward(tokens, mems, is_training):
         return dq.models.SequenceModel(
             vocab, kind, d_model=args.d_model, num_heads=args.num_heads, depth=depth,
-            pre_ln=args.pre_ln, solver=solver, adjoint=adjoint,
-            regularizer=reg, embed_init=hk.initializers.RandomNormal(0.02),
+            pre_ln=args.pre_ln, solver=solver, adjoint=adjoint, d_ff=args.d_ff or None,
+            ffn_init=ffn or None, regularizer=reg, embed_init=hk.initializers.RandomNormal(0.02),
         )(tokens, mems, is_training=is_training)  # fmt: skip
 
     return hk.transform(forward)
@@ -98,12 +101,9 @@ def build(kind: str, args, vocab: int, depth: int) -> hk.Transformed:
 
 def memory(kind: str, depth: int, args, batch_size: int):
     """Zero memory, ``[B, M, D]`` or ``[depth, B, M, D]``; None without ``--memory``."""
-    if not args.memory:
-        return None
-    m = args.mem_len or args.seq_len
-    return dq.models.initial_memory(
-        kind, batch_size=batch_size, memory_length=m, d_model=args.d_model, depth=depth
-    )
+    m, d = args.mem_len or args.seq_len, args.d_model
+    kw = dict(batch_size=batch_size, memory_length=m, d_model=d, depth=depth)
+    return dq.models.initial_memory(kind, **kw) if args.memory else None
 
 
 def run_model(kind: str, depth: int, args, inputs, ctx) -> dict:

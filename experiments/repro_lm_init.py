@@ -1,30 +1,54 @@
 """Init paper §4.3 at CPU size (REPRODUCTION.md claim 2): the DEQ-Transformer LM
-(``experiments/language_model.py``, KJV stand-in) with its dense (FFN) layers initialised from the
-Gaussian, Haar-orthogonal or GOE ensemble at scale ``--scale``, over many seeds.
+(``experiments/language_model.py``, KJV stand-in) with its dense (FFN) layers drawn from the
+Gaussian, Haar-orthogonal or GOE ensemble at each ``--scales`` value, over many seeds.
 
-As the init paper (App. D): only the FFN weights change; ``d_ff = d_model`` for every family (GOE
-matrices are square). Every other setting is ``language_model.py``'s, passed through (the flags
-after ``--``). One ``results.json`` per (family, seed) under ``--out_dir/<family>_s<seed>``.
+As the init paper (App. D) only the FFN weights change (``--ffn_init``/``--ffn_scale``);
+``d_ff = d_model`` for every family (GOE matrices are square). Every other setting is
+``language_model.py``'s, passed through (the flags after ``--``). One run directory per
+(scale, family, seed) under ``--out_dir``; a run whose ``results.json`` exists is not run again,
+so a killed sweep resumes where it stopped. At the end ``summary.json`` holds every run's final
+validation loss, NFE, residual and learning curve, and the table printed is, per (scale,
+family): the fraction of seeds whose validation loss (nats/token) ends below ``--threshold``,
+median and mean loss, forward NFE and relative residual over the last tenth of training.
 
-Usage: python -m experiments.repro_lm_init --families gaussian,orthogonal,goe --seeds 8 --scale 2
-           --out_dir runs/repro_lm_init -- --d_model 32 --num_heads 2 --seq_len 32 --steps 200
+Usage: python -m experiments.repro_lm_init --families gaussian,orthogonal,goe --seeds 8 \
+           --scales 2 --out_dir runs/repro_lm_init -- --d_model 32 --num_heads 2 --seq_len 32
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import sys
 
-from deqjax import initializers
-from deqjax._src.models import sequence
-from deqjax._src.nn import transformer_cell
+from deqjax import training
 from experiments import language_model as lm
 
-FAMILIES = {
-    "gaussian": initializers.Gaussian,
-    "orthogonal": initializers.HaarOrthogonal,
-    "goe": initializers.GOE,
-}
+
+def run_one(out: str, family: str, scale: float, seed: int, d_ff: int, rest: list[str]) -> dict:
+    """One LM run (or its saved results); the row :func:`main` summarises."""
+    path = os.path.join(out, "results.json")
+    if not os.path.exists(path):
+        argv = ["--models", "deq", "--seed", str(seed), "--out_dir", out, "--ffn_init", family]
+        argv += ["--ffn_scale", str(scale), "--d_ff", str(d_ff), *rest]
+        try:
+            training.run(lm.EXPERIMENT, argv)
+        except SystemExit as e:  # 3: a non-finite stop; the run counts as failed
+            if e.code not in (0, None, 3):
+                raise
+    res = json.load(open(path)) if os.path.exists(path) else {"results": [{}]}
+    r = res["results"][0]
+    hist = r.get("history", {"nll": [], "nfe": [], "rel_residual": []})
+    ppl = r.get("valid_ppl", math.inf)
+    return {
+        "family": family, "scale": scale, "seed": seed,
+        "valid_loss": math.log(ppl) if math.isfinite(ppl) else math.inf,
+        "nfe_last": r.get("forward_nfe_train_last", math.nan),
+        "rel_residual_last": r.get("forward_rel_residual_train_last", math.nan),
+        "train_nll": hist["nll"], "nfe": hist["nfe"], "rel_residual": hist["rel_residual"],
+    }  # fmt: skip
 
 
 def main() -> None:
@@ -33,32 +57,29 @@ def main() -> None:
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--families", default="gaussian,orthogonal,goe")
+    p.add_argument("--scales", default="2", help="comma-separated ensemble scales of the FFN")
     p.add_argument("--seeds", type=int, default=8)
     p.add_argument("--first_seed", type=int, default=0)
-    p.add_argument("--scale", type=float, default=2.0, help="ensemble scale of the FFN weights")
+    p.add_argument("--d_model", type=int, default=32, help="also the FFN width d_ff")
+    p.add_argument("--threshold", type=float, default=5.0, help="validation loss, nats/token")
     p.add_argument("--out_dir", default="runs/repro_lm_init")
     a = p.parse_args(argv)
-    for fam in a.families.split(","):
-
-        def make_cell(
-            cell, *, d_model, num_heads=4, pre_ln=False, trellis_kernel=2, name=None, fam=fam
-        ):
-            del cell, trellis_kernel
-            return transformer_cell.TransformerCell(
-                d_model,
-                num_heads=num_heads,
-                d_ff=d_model,
-                pre_ln=pre_ln,
-                w_init=FAMILIES[fam](a.scale),
-                name=name,
-            )
-
-        sequence.sequence_cell = make_cell  # SequenceModel looks it up at call time
-        for seed in range(a.first_seed, a.first_seed + a.seeds):
-            out = f"{a.out_dir}/{fam}_s{seed}"
-            lm.training.run(
-                lm.EXPERIMENT, ["--models", "deq", "--seed", str(seed), "--out_dir", out, *rest]
-            )
+    rest = ["--d_model", str(a.d_model), *rest]
+    rows = []
+    for scale in (float(s) for s in a.scales.split(",")):
+        for fam in a.families.split(","):
+            for seed in range(a.first_seed, a.first_seed + a.seeds):
+                out = os.path.join(a.out_dir, f"s{scale:g}_{fam}_seed{seed}")
+                rows.append(run_one(out, fam, scale, seed, a.d_model, rest))
+    for r in rows:
+        r["below_threshold"] = float(r["valid_loss"] < a.threshold)
+    with open(os.path.join(a.out_dir, "summary.json"), "w") as f:
+        json.dump({"threshold": a.threshold, "argv": sys.argv[1:], "runs": rows}, f)
+    table = training.summarize_runs(
+        rows, ("scale", "family"), "valid_loss", name="loss",
+        means=("below_threshold", "nfe_last", "rel_residual_last"),
+    )  # fmt: skip
+    print(training.markdown_table(table))
 
 
 if __name__ == "__main__":

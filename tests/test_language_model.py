@@ -123,6 +123,37 @@ def test_backbone_bad_arguments():
         dq.models.reset_memory(jnp.zeros((B, M, D)), jnp.zeros((B + 1,), bool))
 
 
+@pytest.mark.parametrize("kind", ["deq", "untied"])
+def test_ffn_init_and_width_reach_the_cell(kind):
+    """``ffn_init``/``d_ff`` (init paper §4.3): the FFN weights are drawn from the ensemble
+    (GOE: symmetric, semicircle edge 2σ) at width ``d_ff``; attention keeps the paper init."""
+    sigma = 2.0
+
+    def forward(x):
+        return dq.models.SequenceBackbone(
+            kind, d_model=D, num_heads=2, depth=2, d_ff=D, ffn_init=dq.initializers.GOE(sigma),
+            solver=dq.solvers.Anderson(max_steps=4, tol=1e-4),
+        )(x, is_training=False)  # fmt: skip
+
+    params = hk.transform(forward).init(jax.random.PRNGKey(0), _normal(0, (B, T, D)))
+    ffn = [p["v"] for m, p in params.items() if m.split("/")[-1] in ("w_ff1", "w_ff2")]
+    assert len(ffn) == (2 if kind == "deq" else 4)  # v of w_ff1, w_ff2 per cell (weight norm)
+    for w in ffn:
+        assert w.shape == (D, D)
+        np.testing.assert_allclose(w, w.T)  # GOE
+        assert 0.5 * sigma < float(jnp.max(jnp.abs(jnp.linalg.eigvalsh(w)))) < 4 * sigma
+    w_q = [p["v"] for m, p in params.items() if m.endswith("/w_q")][0]
+    assert float(jnp.std(w_q)) < 0.05  # N(0, 0.01), the JR paper's, untouched
+
+    trellis = hk.transform(
+        lambda x: dq.models.SequenceBackbone("deq", "trellis", d_model=D, d_ff=D)(
+            x, is_training=True
+        )
+    )
+    with pytest.raises(ValueError, match="transformer-cell options"):
+        trellis.init(jax.random.PRNGKey(0), _normal(0, (B, T, D)))
+
+
 def test_reset_memory_zeroes_only_flagged_streams():
     mems = _normal(0, (DEPTH, B, M, D))
     out = dq.models.reset_memory(mems, jnp.array([True, False]))

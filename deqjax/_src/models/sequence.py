@@ -56,18 +56,28 @@ def sequence_cell(
     num_heads: int = 4,
     pre_ln: bool = False,
     trellis_kernel: int = 2,
+    d_ff: int | None = None,
+    ffn_init: hk.initializers.Initializer | None = None,
     name: str | None = None,
 ) -> hk.Module:
     """A transformer or trellis cell whose state has ``d_model`` features (call inside a
     transform).
 
+    ``d_ff`` (``None``: ``2 * d_model``) and ``ffn_init`` (the FFN weights' initializer, e.g.
+    ``dq.initializers.GOE(2.0)`` for the init paper's §4.3; ``None``: the JR paper's
+    ``N(0, 0.01)``) are the transformer cell's; the trellis cell takes neither.
+
     Raises:
-      ValueError: if ``cell`` is not one of :data:`CELLS`.
+      ValueError: if ``cell`` is not one of :data:`CELLS`, or ``d_ff``/``ffn_init`` is given to
+        the trellis cell.
     """
     if cell == "transformer":
+        d_ff = 2 * d_model if d_ff is None else d_ff
         return transformer_cell.TransformerCell(
-            d_model, num_heads=num_heads, d_ff=2 * d_model, pre_ln=pre_ln, name=name
+            d_model, num_heads=num_heads, d_ff=d_ff, pre_ln=pre_ln, w_init=ffn_init, name=name
         )
+    if cell == "trellis" and (d_ff is not None or ffn_init is not None):
+        raise ValueError("d_ff and ffn_init are transformer-cell options; cell is 'trellis'.")
     if cell == "trellis":
         return trellis_cell.TrellisCell(d_model // 2, kernel_size=trellis_kernel, name=name)
     raise ValueError(f"cell must be one of {CELLS}, got {cell!r}.")
@@ -152,6 +162,10 @@ class SequenceBackbone(hk.Module):
       depth: layers of the explicit models (ignored by the DEQ).
       pre_ln: pre-LayerNorm transformer cells (default post-LN).
       trellis_kernel: the trellis cell's kernel size ``k``.
+      d_ff: the transformer cell's FFN width (``None``: ``2 * d_model``).
+      ffn_init: the transformer cell's FFN weight initializer (``None``: ``N(0, 0.01)``); the
+        init paper's ensembles are ``dq.initializers.{Gaussian, HaarOrthogonal, GOE}(scale)``
+        (GOE needs ``d_ff == d_model``).
       solver: the DEQ's forward solver (``None``: ``dq.nn.DEQ``'s default, Anderson).
       eval_solver: the DEQ's solver when ``is_training=False`` (``None``: ``solver``).
       adjoint: the DEQ's gradient strategy (``None``: ``dq.ImplicitAdjoint()``).
@@ -174,6 +188,8 @@ class SequenceBackbone(hk.Module):
         depth: int = 1,
         pre_ln: bool = False,
         trellis_kernel: int = 2,
+        d_ff: int | None = None,
+        ffn_init: hk.initializers.Initializer | None = None,
         solver: base.SolverFn | None = None,
         eval_solver: base.SolverFn | None = None,
         adjoint: adjoints.Adjoint | None = None,
@@ -194,6 +210,8 @@ class SequenceBackbone(hk.Module):
         self.depth = depth
         self.pre_ln = pre_ln
         self.trellis_kernel = trellis_kernel
+        self.d_ff = d_ff
+        self.ffn_init = ffn_init
         self.solver = anderson_lib.anderson if solver is None else solver
         self.eval_solver = eval_solver
         self.adjoint = adjoint
@@ -206,6 +224,8 @@ class SequenceBackbone(hk.Module):
             num_heads=self.num_heads,
             pre_ln=self.pre_ln,
             trellis_kernel=self.trellis_kernel,
+            d_ff=self.d_ff,
+            ffn_init=self.ffn_init,
             name=name,
         )
 

@@ -36,8 +36,8 @@ class SequenceModel(hk.Module):
       embed_init: initializer of the embeddings (``None``: Haiku's default, truncated normal of
         stddev 1; language models use ``hk.initializers.RandomNormal(0.02)``).
       **backbone_kwargs: the remaining :class:`SequenceBackbone` arguments (``num_heads``,
-        ``depth``, ``pre_ln``, ``trellis_kernel``, ``solver``, ``eval_solver``, ``adjoint``,
-        ``regularizer``).
+        ``depth``, ``pre_ln``, ``trellis_kernel``, ``d_ff``, ``ffn_init``, ``solver``,
+        ``eval_solver``, ``adjoint``, ``regularizer``).
       name: Haiku module name.
 
     Example:
