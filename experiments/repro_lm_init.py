@@ -9,7 +9,8 @@ As the init paper (App. D) only the FFN weights change (``--ffn_init``/``--ffn_s
 so a killed sweep resumes where it stopped. At the end ``summary.json`` holds every run's final
 validation loss, NFE, residual and learning curve, and the table printed is, per (scale,
 family): the fraction of seeds whose validation loss (nats/token) ends below ``--threshold``,
-median and mean loss, forward NFE and relative residual over the last tenth of training.
+median and mean loss, forward NFE and relative residual over the last tenth of training (the
+curves in ``summary.json`` are means over ``--curve_every`` steps).
 
 Usage: python -m experiments.repro_lm_init --families gaussian,orthogonal,goe --seeds 8 \
            --scales 2 --out_dir runs/repro_lm_init -- --d_model 32 --num_heads 2 --seq_len 32
@@ -23,12 +24,20 @@ import math
 import os
 import sys
 
+import numpy as np
+
 from deqjax import training
 from experiments import language_model as lm
 
 
+def block_means(xs: list[float], block: int) -> list[float]:
+    """Means of consecutive ``block``-step blocks (the curves kept in ``summary.json``)."""
+    n = len(xs) // block * block
+    return np.asarray(xs[:n], np.float64).reshape(-1, block).mean(axis=1).tolist() if n else []
+
+
 def run_one(out: str, family: str, scale: float, seed: int, d_ff: int, rest: list[str]) -> dict:
-    """One LM run (or its saved results); the row :func:`main` summarises."""
+    """One LM run (or its saved results); the row :func:`main` summarises (full curves)."""
     path = os.path.join(out, "results.json")
     if not os.path.exists(path):
         argv = ["--models", "deq", "--seed", str(seed), "--out_dir", out, "--ffn_init", family]
@@ -62,7 +71,9 @@ def main() -> None:
     p.add_argument("--first_seed", type=int, default=0)
     p.add_argument("--d_model", type=int, default=32, help="also the FFN width d_ff")
     p.add_argument("--threshold", type=float, default=5.0, help="validation loss, nats/token")
+    p.add_argument("--curve_every", type=int, default=10, help="steps per curve point kept")
     p.add_argument("--out_dir", default="runs/repro_lm_init")
+    p.add_argument("--summary", default="", help="summary path (default: <out_dir>/summary.json)")
     a = p.parse_args(argv)
     rest = ["--d_model", str(a.d_model), *rest]
     rows = []
@@ -73,8 +84,11 @@ def main() -> None:
                 rows.append(run_one(out, fam, scale, seed, a.d_model, rest))
     for r in rows:
         r["below_threshold"] = float(r["valid_loss"] < a.threshold)
-    with open(os.path.join(a.out_dir, "summary.json"), "w") as f:
-        json.dump({"threshold": a.threshold, "argv": sys.argv[1:], "runs": rows}, f)
+        for k in ("train_nll", "nfe", "rel_residual"):
+            r[k] = block_means(r[k], a.curve_every)
+    with open(a.summary or os.path.join(a.out_dir, "summary.json"), "w") as f:
+        head = {"argv": sys.argv[1:], "threshold": a.threshold, "curve_every": a.curve_every}
+        json.dump(head | {"runs": rows}, f)
     table = training.summarize_runs(
         rows, ("scale", "family"), "valid_loss", name="loss",
         means=("below_threshold", "nfe_last", "rel_residual_last"),

@@ -7,6 +7,7 @@ strict promotion). The smoke runs are subprocesses (``_run_experiment.run_smoke`
 
 from __future__ import annotations
 
+import json
 import math
 
 import haiku as hk
@@ -291,3 +292,30 @@ def test_language_model_smoke_untied_no_memory_pre_ln(tmp_path):
     assert untied["params"] > deq["params"]
     assert all(math.isfinite(r["valid_ppl"]) for r in summary["results"])
     assert deq["carried_memory_bytes"] == untied["carried_memory_bytes"] == 0
+
+
+@pytest.mark.slow  # two smoke LM runs, ~40 s
+def test_repro_lm_init_sweep_runs_each_family_and_resumes(tmp_path):
+    """``experiments/repro_lm_init.py`` (REPRODUCTION.md claim 2): one run per (scale, family,
+    seed) with the FFN drawn from that ensemble at ``d_ff = d_model``; ``summary.json`` holds each
+    run's loss and curves; a second call finds the runs done and does not train again."""
+    from _run_experiment import run_module
+
+    sweep = ("--families", "gaussian,goe", "--scales", "1.5", "--seeds", "1", "--d_model", "16")
+    flags = (*sweep, "--threshold", "100", "--curve_every", "1", "--out_dir", str(tmp_path))
+    flags = (*flags, "--", "--smoke")
+    assert run_module("repro_lm_init", *flags, timeout=900).stdout.count("valid_ppl=") == 2
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(r["family"], r["scale"], r["seed"]) for r in summary["runs"]] == [
+        ("gaussian", 1.5, 0),
+        ("goe", 1.5, 0),
+    ]
+    for r in summary["runs"]:
+        config = json.loads((tmp_path / f"s1.5_{r['family']}_seed0" / "config.json").read_text())
+        assert (config["ffn_init"], config["ffn_scale"], config["d_ff"]) == (r["family"], 1.5, 16)
+        assert len(r["train_nll"]) == 3 and math.isfinite(r["valid_loss"])
+        assert r["below_threshold"] == 1.0  # every finite loss is below 100 nats
+    done = tmp_path / "s1.5_goe_seed0" / "results.json"
+    mtime = done.stat().st_mtime_ns
+    proc = run_module("repro_lm_init", *flags, timeout=900)
+    assert done.stat().st_mtime_ns == mtime and "valid_ppl=" not in proc.stdout

@@ -27,7 +27,7 @@ def _load(name):
 
 
 def claim5_lm() -> None:
-    runs = sorted(glob.glob(os.path.join(DATA, "lm_*.json")))
+    runs = sorted(glob.glob(os.path.join(DATA, "lm_p*.json")))  # lm_pre_*, lm_post_*
     if not runs:
         return
     fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
@@ -139,32 +139,78 @@ def claim1_sweep() -> None:
     fig.savefig(os.path.join(HERE, "claim1_fig5.png"), dpi=100)
 
 
+def claim2_lm_init() -> None:
+    files = sorted(glob.glob(os.path.join(DATA, "lm_init_*.json")))  # one per scale
+    if not files:
+        return
+    res = [json.load(open(path)) for path in files]
+    runs = [r for x in res for r in x["runs"]]
+    thr, every = res[0]["threshold"], res[0]["curve_every"]
+    scales = sorted({r["scale"] for r in runs})
+    fig, axes = plt.subplots(len(scales), 4, figsize=(20, 3.8 * len(scales)), squeeze=False)
+    for row, scale in zip(axes, scales):
+        for fam, c in COLORS.items():
+            rs = [r for r in runs if r["scale"] == scale and r["family"] == fam]
+            if not rs:
+                continue
+            for i, r in enumerate(rs):
+                x = np.arange(1, len(r["train_nll"]) + 1) * every
+                kw = dict(color=c, lw=0.7, alpha=0.7, label=fam if i == 0 else None)
+                row[0].plot(x, r["train_nll"], **kw)
+                row[1].plot(x, r["rel_residual"], **kw)
+            losses = np.sort([r["valid_loss"] for r in rs])
+            grid = np.linspace(4.6, 5.6, 200)
+            row[2].plot(grid, [np.mean(losses < g) for g in grid], color=c, label=fam)
+            row[3].scatter([fam] * len(rs), [r["valid_loss"] for r in rs], color=c, s=14)
+            row[3].plot([fam], [np.median(losses)], "k_", ms=18)
+        row[0].set_title(f"σ = {scale:g}: train NLL (nats/token)")
+        row[0].set_ylim(4.3, 6.5)
+        row[1].set_title("train forward rel. residual (cap 12 Anderson steps)")
+        row[1].set_yscale("log")
+        row[2].axvline(thr, color="k", ls=":", lw=0.8)
+        row[2].set_title("fraction of seeds with final valid loss < threshold")
+        row[2].set_xlabel("threshold (nats/token)")
+        row[3].axhline(thr, color="k", ls=":", lw=0.8)
+        row[3].set_title("final valid loss per seed (bar: median)")
+        for ax in row[:2]:
+            ax.set_xlabel("step")
+        row[0].legend(fontsize=8)
+    fig.suptitle("Claim 2: init paper §4.3, DEQ-Transformer LM (KJV stand-in), FFN init families")
+    fig.tight_layout()
+    fig.savefig(os.path.join(HERE, "claim2_lm_init.png"), dpi=100)
+
+
 def claim4_fm() -> None:
     files = sorted(glob.glob(os.path.join(DATA, "fm_*.jsonl")))
     if not files:
         return
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+    fig, axes = plt.subplots(1, 5, figsize=(24, 3.8))
     for path in files:
         label = os.path.basename(path)[3:-6]
         recs = [json.loads(line) for line in open(path)]
-        tr = [r for r in recs if r.get("split") == "train"]
-        te = [r for r in recs if r.get("split") == "test"]
+        split = {
+            s: [r for r in recs if r.get("split") == s] for s in ("train", "eval", "diagnostics")
+        }
         c = "C3" if label.startswith("nojr") else "C0"
-        axes[0].plot([r["step"] for r in tr], [r["nfe"] for r in tr], color=c, lw=0.8, label=label)
-        axes[1].plot([r["step"] for r in tr], [r["rel_residual"] for r in tr], color=c, lw=0.8)
-        axes[2].plot([r["step"] for r in te], [r["accuracy"] for r in te], "-o", color=c, ms=3)
-    axes[0].set_title("train forward NFE")
-    axes[1].set_title("train forward rel. residual")
-    axes[1].set_yscale("log")
-    axes[2].set_title("test accuracy")
-    for ax in axes:
+        panels = (("train", "nfe"), ("train", "rel_residual"), ("eval", "nfe"),
+                  ("eval", "accuracy"), ("diagnostics", "jac_frobenius"))  # fmt: skip
+        for ax, (s, key) in zip(axes, panels):
+            rs = split[s]
+            style = "-o" if s == "eval" else "-"
+            kw = dict(color=c, lw=0.8, ms=3, label=label if ax is axes[0] else None)
+            ax.plot([r["step"] for r in rs], [r[key] for r in rs], style, **kw)
+    titles = ("train forward NFE (cap 20)", "train forward rel. residual", "test NFE (each epoch)",
+              "test accuracy", "‖J_f(z*)‖_F (Hutchinson, one batch)")  # fmt: skip
+    for ax, t in zip(axes, titles):
+        ax.set_title(t)
         ax.set_xlabel("step")
+    axes[1].set_yscale("log")
     axes[0].legend(fontsize=7)
-    fig.suptitle("Claim 4: Fashion-MNIST main job, no JR (red) vs JR γ=1 (blue)")
+    fig.suptitle("Claim 4: Fashion-MNIST main job, 20 epochs: no JR (red) vs JR γ=1 (blue), 3 seeds")
     fig.tight_layout()
     fig.savefig(os.path.join(HERE, "claim4_fmnist_jr.png"), dpi=100)
 
 
 if __name__ == "__main__":
-    for fn in (claim5_lm, claim3_1d, claim1_sweep, claim4_fm):
+    for fn in (claim5_lm, claim3_1d, claim1_sweep, claim2_lm_init, claim4_fm):
         fn()
