@@ -206,7 +206,7 @@ def claim4_fm() -> None:
         ax.set_xlabel("step")
     axes[1].set_yscale("log")
     axes[0].legend(fontsize=7)
-    fig.suptitle("Claim 4: Fashion-MNIST main job, 20 epochs: no JR (red) vs JR γ=1 (blue), 3 seeds")
+    fig.suptitle("Claim 4: Fashion-MNIST main job, 20 epochs: no JR (red) vs JR γ=1 (blue)")
     fig.tight_layout()
     fig.savefig(os.path.join(HERE, "claim4_fmnist_jr.png"), dpi=100)
 
