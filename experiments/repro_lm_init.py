@@ -5,15 +5,17 @@ Gaussian, Haar-orthogonal or GOE ensemble at each ``--scales`` value, over many 
 As the init paper (App. D) only the FFN weights change (``--ffn_init``/``--ffn_scale``);
 ``d_ff = d_model`` for every family (GOE matrices are square). Every other setting is
 ``language_model.py``'s, passed through (the flags after ``--``). One run directory per
-(scale, family, seed) under ``--out_dir``; a run whose ``results.json`` exists is not run again,
-so a killed sweep resumes where it stopped. At the end ``summary.json`` holds every run's final
+(scale, family, seed) under ``--out_dir``; a run whose ``results.json`` exists is not run again
+and one killed midway continues from its checkpoint (``--resume``), so a killed sweep resumes
+where it stopped. At the end ``summary.json`` holds every run's final
 validation loss, NFE, residual and learning curve, and the table printed is, per (scale,
 family): the fraction of seeds whose validation loss (nats/token) ends below ``--threshold``,
 median and mean loss, forward NFE and relative residual over the last tenth of training (the
 curves in ``summary.json`` are means over ``--curve_every`` steps).
 
-Usage: python -m experiments.repro_lm_init --families gaussian,orthogonal,goe --seeds 8 \
-           --scales 2 --out_dir runs/repro_lm_init -- --d_model 32 --num_heads 2 --seq_len 32
+Usage (REPRODUCTION.md claim 2; ~1 min per run on 2 CPU cores):
+  python -m experiments.repro_lm_init --scales 2 --seeds 10 --out_dir runs/repro_lm_init -- \
+      --num_heads 2 --seq_len 32 --batch_size 8 --steps 1000 --no_progress
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def run_one(out: str, family: str, scale: float, seed: int, d_ff: int, rest: lis
     if not os.path.exists(path):
         argv = ["--models", "deq", "--seed", str(seed), "--out_dir", out, "--ffn_init", family]
         argv += ["--ffn_scale", str(scale), "--d_ff", str(d_ff), *rest]
+        argv += ["--resume"] if os.path.exists(os.path.join(out, "config.json")) else []
         try:
             training.run(lm.EXPERIMENT, argv)
         except SystemExit as e:  # 3: a non-finite stop; the run counts as failed
@@ -70,7 +73,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=8)
     p.add_argument("--first_seed", type=int, default=0)
     p.add_argument("--d_model", type=int, default=32, help="also the FFN width d_ff")
-    p.add_argument("--threshold", type=float, default=5.0, help="validation loss, nats/token")
+    p.add_argument("--threshold", type=float, default=4.8, help="validation loss, nats/token")
     p.add_argument("--curve_every", type=int, default=10, help="steps per curve point kept")
     p.add_argument("--out_dir", default="runs/repro_lm_init")
     p.add_argument("--summary", default="", help="summary path (default: <out_dir>/summary.json)")

@@ -294,11 +294,11 @@ def test_language_model_smoke_untied_no_memory_pre_ln(tmp_path):
     assert deq["carried_memory_bytes"] == untied["carried_memory_bytes"] == 0
 
 
-@pytest.mark.slow  # two smoke LM runs, ~40 s
+@pytest.mark.slow  # three smoke LM runs, ~1-2 min
 def test_repro_lm_init_sweep_runs_each_family_and_resumes(tmp_path):
     """``experiments/repro_lm_init.py`` (REPRODUCTION.md claim 2): one run per (scale, family,
     seed) with the FFN drawn from that ensemble at ``d_ff = d_model``; ``summary.json`` holds each
-    run's loss and curves; a second call finds the runs done and does not train again."""
+    run's loss and curves; a second call skips finished runs and resumes a killed one."""
     from _run_experiment import run_module
 
     sweep = ("--families", "gaussian,goe", "--scales", "1.5", "--seeds", "1", "--d_model", "16")
@@ -317,5 +317,9 @@ def test_repro_lm_init_sweep_runs_each_family_and_resumes(tmp_path):
         assert r["below_threshold"] == 1.0  # every finite loss is below 100 nats
     done = tmp_path / "s1.5_goe_seed0" / "results.json"
     mtime = done.stat().st_mtime_ns
+    (tmp_path / "s1.5_gaussian_seed0" / "results.json").unlink()  # as if killed before the end
     proc = run_module("repro_lm_init", *flags, timeout=900)
-    assert done.stat().st_mtime_ns == mtime and "valid_ppl=" not in proc.stdout
+    assert done.stat().st_mtime_ns == mtime  # finished: not run again
+    assert proc.stdout.count("valid_ppl=") == 1  # the killed one continued (--resume), not refused
+    again = json.loads((tmp_path / "summary.json").read_text())["runs"][0]
+    assert again["valid_loss"] == summary["runs"][0]["valid_loss"]  # from its final checkpoint
