@@ -78,6 +78,8 @@ def main() -> None:
     p.add_argument("--out_dir", default="runs/repro_lm_init")
     p.add_argument("--summary", default="", help="summary path (default: <out_dir>/summary.json)")
     a = p.parse_args(argv)
+    if any(f in rest for f in ("--d_model", "--d_ff", "--ffn_init", "--ffn_scale", "--seed")):
+        p.error("set --d_model (it is also d_ff), the families, scales and seeds before '--'")
     rest = ["--d_model", str(a.d_model), *rest]
     rows = []
     for scale in (float(s) for s in a.scales.split(",")):

@@ -294,6 +294,18 @@ def test_language_model_smoke_untied_no_memory_pre_ln(tmp_path):
     assert deq["carried_memory_bytes"] == untied["carried_memory_bytes"] == 0
 
 
+@pytest.mark.parametrize("flag", ["--d_model", "--ffn_scale", "--seed"])
+def test_repro_lm_init_refuses_sweep_flags_after_the_separator(flag, monkeypatch, capsys):
+    """A ``--d_model`` after ``--`` would change the width but not ``d_ff`` (GOE then fails, the
+    other families silently widen): the driver refuses it, as it does the swept flags."""
+    from experiments import repro_lm_init
+
+    monkeypatch.setattr("sys.argv", ["repro_lm_init", "--seeds", "1", "--", flag, "64"])
+    with pytest.raises(SystemExit) as e:
+        repro_lm_init.main()
+    assert e.value.code == 2 and "before '--'" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # three smoke LM runs, ~1-2 min
 def test_repro_lm_init_sweep_runs_each_family_and_resumes(tmp_path):
     """``experiments/repro_lm_init.py`` (REPRODUCTION.md claim 2): one run per (scale, family,
