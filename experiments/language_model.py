@@ -87,13 +87,13 @@ def build(kind: str, args, vocab: int, depth: int) -> hk.Transformed:
     solver, adjoint = dq.training.solver_and_adjoint(
         args.adjoint, max_steps=args.max_steps, tol=args.tol, tau=0.8)  # fmt: skip
     reg = dq.regularization.JacobianRegularizer(args.jr_gamma) if args.jr_gamma > 0 else None
-    ffn = args.ffn_init != "paper" and dq.models.recurrent_init(args.ffn_init, args.ffn_scale)
+    ffn = None if (f := args.ffn_init) == "paper" else dq.models.recurrent_init(f, args.ffn_scale)
 
     def forward(tokens, mems, is_training):
         return dq.models.SequenceModel(
             vocab, kind, d_model=args.d_model, num_heads=args.num_heads, depth=depth,
             pre_ln=args.pre_ln, solver=solver, adjoint=adjoint, d_ff=args.d_ff or None,
-            ffn_init=ffn or None, regularizer=reg, embed_init=hk.initializers.RandomNormal(0.02),
+            ffn_init=ffn, regularizer=reg, embed_init=hk.initializers.RandomNormal(0.02),
         )(tokens, mems, is_training=is_training)  # fmt: skip
 
     return hk.transform(forward)

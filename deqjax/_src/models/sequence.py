@@ -76,9 +76,9 @@ def sequence_cell(
         return transformer_cell.TransformerCell(
             d_model, num_heads=num_heads, d_ff=d_ff, pre_ln=pre_ln, w_init=ffn_init, name=name
         )
-    if cell == "trellis" and (d_ff is not None or ffn_init is not None):
-        raise ValueError("d_ff and ffn_init are transformer-cell options; cell is 'trellis'.")
     if cell == "trellis":
+        if d_ff is not None or ffn_init is not None:
+            raise ValueError("d_ff and ffn_init are transformer-cell options; cell is 'trellis'.")
         return trellis_cell.TrellisCell(d_model // 2, kernel_size=trellis_kernel, name=name)
     raise ValueError(f"cell must be one of {CELLS}, got {cell!r}.")
 
