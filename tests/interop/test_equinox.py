@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _dense_ift import dense_implicit_grad
+from tests.helpers.dense_ift import dense_implicit_grad
 
 import deqjax as dq
 

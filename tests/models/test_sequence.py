@@ -2,7 +2,7 @@
 ``fit``'s carry (and its resume), and smoke runs of ``experiments/language_model.py``.
 
 The memory tests run ``dq.models.SequenceBackbone`` in-process on tiny sizes (float64, the suite's
-strict promotion). The smoke runs are subprocesses (``_run_experiment.run_smoke``).
+strict promotion). The smoke runs are subprocesses (``tests.helpers.run_experiment.run_smoke``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _run_experiment import run_smoke
+from tests.helpers.run_experiment import run_smoke
 
 import deqjax as dq
 
@@ -311,7 +311,7 @@ def test_repro_lm_init_sweep_runs_each_family_and_resumes(tmp_path):
     """``experiments/repro_lm_init.py`` (REPRODUCTION.md claim 2): one run per (scale, family,
     seed) with the FFN drawn from that ensemble at ``d_ff = d_model``; ``summary.json`` holds each
     run's loss and curves; a second call skips finished runs and resumes a killed one."""
-    from _run_experiment import run_module
+    from tests.helpers.run_experiment import run_module
 
     sweep = ("--families", "gaussian,goe", "--scales", "1.5", "--seeds", "1", "--d_model", "16")
     flags = (*sweep, "--threshold", "100", "--curve_every", "1", "--out_dir", str(tmp_path))

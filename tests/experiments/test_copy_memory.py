@@ -1,5 +1,5 @@
 """The copy-memory task (``dq.data.copy_memory_*``, ``CopyMemoryBatches``) and a smoke run of
-``experiments/copy_memory.py`` (a subprocess, ``_run_experiment.run_smoke``).
+``experiments/copy_memory.py`` (a subprocess, ``tests.helpers.run_experiment.run_smoke``).
 
 The task generator and its reference loss are checked exactly.
 """
@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from _run_experiment import run_smoke
+from tests.helpers.run_experiment import run_smoke
 
 import deqjax as dq
 

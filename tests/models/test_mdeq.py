@@ -6,7 +6,7 @@ The budget tests run a tiny MDEQ (random float32 parameters of the right structu
 against the cell applied by hand: budget 1 reads ``f(z0)``; budget ``b`` reads ``f(z_best)`` with
 ``z_best`` one of the ``≤ b`` iterates the solver evaluated (the solver's own ``f_value``: no extra
 cell application); the reported NFE never exceeds ``b``; a converged solve stops early. The smoke
-run is a subprocess (``_run_experiment.run_smoke``).
+run is a subprocess (``tests.helpers.run_experiment.run_smoke``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import haiku as hk
 import jax
 import numpy as np
 import pytest
-from _run_experiment import run_smoke
+from tests.helpers.run_experiment import run_smoke
 
 import deqjax as dq
 

@@ -2,7 +2,7 @@
 
 import json
 
-from _run_experiment import run_smoke
+from tests.helpers.run_experiment import run_smoke
 
 
 def test_solver_demo_smoke(tmp_path):

@@ -15,7 +15,7 @@ import pathlib
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def run_module(name: str, *flags: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -1,7 +1,7 @@
 """Training: optimizer/schedules, metrics files, distributed config, and end-to-end runs.
 
 Checks that need their own JAX process (a fake device count, two processes joined by
-jax.distributed, runs killed and resumed) run ``tests/_train_worker.py`` in a subprocess.
+jax.distributed, runs killed and resumed) run ``tests/helpers/train_worker.py`` in a subprocess.
 """
 
 import json
@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 
-import _train_worker as toy  # tests/ is on sys.path (pytest's default "prepend" import mode)
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,10 +20,11 @@ import optax
 import pytest
 
 from deqjax import data, training
+from tests.helpers import train_worker as toy
 from experiments import plot_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "_train_worker.py")
+WORKER = os.path.join(os.path.dirname(HERE), "helpers", "train_worker.py")
 
 
 def _env(num_devices: int = 1) -> dict:
