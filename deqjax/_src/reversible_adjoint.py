@@ -233,18 +233,15 @@ class ReversibleAdjoint(adjoints.Adjoint):
 
         p_sg, x_sg = stop(params), stop(x)
         extra = {} if self.checkpoint_every is None else {"checkpoint_every": self.checkpoint_every}
-        out = solver(lambda z: f(p_sg, x_sg, z), stop(z0), return_state=True, **extra)
-        if not (
-            isinstance(out, tuple)
-            and len(out) == 2
-            and isinstance(out[1], reversible_lib.ReversibleState)
-        ):
+        sol = solver(lambda z: f(p_sg, x_sg, z), stop(z0), return_state=True, **extra)
+        state = getattr(sol, "reversible_state", None)
+        if not isinstance(state, reversible_lib.ReversibleState):
             raise ValueError(
                 "ReversibleAdjoint needs dq.solvers.reversible: the solver called with "
-                f"return_state=True must return (Solution, ReversibleState); {solver!r} returned "
-                f"{type(out).__name__}."
+                f"return_state=True must return a Solution with its reversible_state; {solver!r} "
+                f"returned {type(state).__name__}."
             )
-        sol, state = out
+        sol = sol._replace(reversible_state=None)
         batch_ndim = sol.status.ndim
         z_out = _reversed(f, batch_ndim, params, x, z0, state, backward_stats)
         return z_out, adjoints._stop_statistics(sol, z_out)

@@ -98,9 +98,10 @@ def test_iterates_are_the_papers_coupled_sequences():
 def test_value_is_lowest_residual_and_state_pair():
     a, b = affine_problem(scale=0.9)
     f = lambda z: jnp.tanh(a @ z + b)  # noqa: E731
-    sol, state = dq.solvers.reversible(
+    sol = dq.solvers.reversible(
         f, jnp.zeros(D), tol=0.0, stop_mode="abs", max_steps=15, return_state=True
     )
+    state = sol.reversible_state
     k = int(jnp.argmin(sol.trace))
     assert int(state.steps) == k and state.beta == 0.8
     np.testing.assert_allclose(float(sol.abs_residual), float(sol.trace[k]))
@@ -382,7 +383,7 @@ def test_reconstruct_batched_per_problem():
     )
     z0 = jnp.asarray(np.random.default_rng(9).normal(size=(3, D)))
     f = lambda z: tanh_cell(p, x, z)  # noqa: E731
-    sol, state = dq.solvers.reversible(f, z0, tol=1e-3, batch_ndim=1, return_state=True)
+    state = dq.solvers.reversible(f, z0, tol=1e-3, batch_ndim=1, return_state=True).reversible_state
     assert len(set(np.asarray(state.steps).tolist())) > 1
     y0, z0_hat = reversible_lib.reconstruct(f, state, batch_ndim=1)
     np.testing.assert_allclose(y0, z0, atol=1e-10)
@@ -400,9 +401,10 @@ def test_backward_stats_report_reverse_steps_and_reversal_error():
         [[0.1], [1.0], [3.0]]
     )
     kw = dict(tol=1e-6, max_steps=80)
-    sol, state = dq.solvers.reversible(
+    sol = dq.solvers.reversible(
         lambda z: tanh_cell(p, x, z), jnp.zeros((3, D)), batch_ndim=1, return_state=True, **kw
     )
+    state = sol.reversible_state
     errors = dq.solvers.reversal_error(
         lambda z: tanh_cell(p, x, z), jnp.zeros((3, D)), batch_ndim=1, **kw
     )
@@ -462,9 +464,9 @@ def test_checkpoint_arguments():
         with pytest.raises(ValueError, match="checkpoint_every"):
             dq.solvers.reversible(jnp.cos, jnp.zeros(2), checkpoint_every=bad)
     f = lambda z: jnp.tanh(0.9 * z[::-1] + 1.0)  # noqa: E731
-    _, state = dq.solvers.reversible(
+    state = dq.solvers.reversible(
         f, jnp.zeros(4), tol=1e-12, max_steps=40, return_state=True, checkpoint_every=8
-    )
+    ).reversible_state
     assert state.checkpoints[0].shape == (5, 4) and state.checkpoint_every == 8
     y0, z0 = reversible_lib.reconstruct(f, state)
     np.testing.assert_allclose(y0, 0.0, atol=1e-12)

@@ -10,9 +10,9 @@ import math
 
 import numpy as np
 import pytest
-from tests.helpers.run_experiment import run_smoke
 
 import deqjax as dq
+from tests.helpers.run_experiment import run_smoke
 
 
 @pytest.mark.slow  # five fits with checkpoints: minutes on a loaded 2-core machine

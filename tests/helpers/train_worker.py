@@ -1,8 +1,8 @@
 """A toy Haiku MLP on scikit-learn digits for the training tests, and a subprocess entry point.
 
-Imported by ``tests/training/test_fit.py`` (in-process checks) and run as a script for the checks that
-need their own process: a fake device count (``XLA_FLAGS`` is read at JAX start-up), two processes
-joined by ``jax.distributed``, and runs killed with SIGKILL / SIGTERM and resumed.
+Imported by ``tests/training/test_fit.py`` (in-process checks) and run as a script for the checks
+that need their own process: a fake device count (``XLA_FLAGS`` is read at JAX start-up), two
+processes joined by ``jax.distributed``, and runs killed with SIGKILL / SIGTERM and resumed.
 
     python tests/helpers/train_worker.py dp OUT.json
     python tests/helpers/train_worker.py fit OUT.json --workdir DIR [--resume] [--kill_at_step K]

@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tests.helpers.dense_ift import dense_implicit_grad
 
 import deqjax as dq
+from tests.helpers.dense_ift import dense_implicit_grad
 
 eqx = pytest.importorskip("equinox")
 

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tests.helpers.dense_ift import dense_implicit_grad
 
 import deqjax as dq
+from tests.helpers.dense_ift import dense_implicit_grad
 
 nnx = pytest.importorskip("flax.nnx")
 

@@ -15,9 +15,9 @@ import haiku as hk
 import jax
 import numpy as np
 import pytest
-from tests.helpers.run_experiment import run_smoke
 
 import deqjax as dq
+from tests.helpers.run_experiment import run_smoke
 
 BATCH, CHANNELS, GROUPS = 3, (4, 8), 2
 

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from tests.helpers.run_experiment import run_smoke
 
 import deqjax as dq
+from tests.helpers.run_experiment import run_smoke
 
 B, T, M, D, DEPTH = 2, 4, 3, 8, 3
 

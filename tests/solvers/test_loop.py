@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from deqjax._src.loop import bounded_while_loop
+from deqjax._src.solvers.loop import bounded_while_loop
 
 
 def halve_until_small(x, loop, max_steps):

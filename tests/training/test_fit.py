@@ -20,8 +20,8 @@ import optax
 import pytest
 
 from deqjax import data, training
-from tests.helpers import train_worker as toy
 from experiments import plot_metrics
+from tests.helpers import train_worker as toy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(os.path.dirname(HERE), "helpers", "train_worker.py")

@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deqjax._src import checks, tree
-from deqjax._src import loop as loop_lib
+from deqjax._src.solvers import loop as loop_lib
 
 PyTree = Any
 
@@ -116,6 +116,10 @@ class Solution(NamedTuple):
         (``broyden(..., return_inverse=True)``): its final low-rank estimate of the inverse
         Jacobian of ``g(z) = f(z) - z`` (a :class:`~deqjax.solvers.BroydenInverse`), which
         :class:`~deqjax.ShineAdjoint` reuses in the backward pass.
+      reversible_state: ``None`` unless requested from the reversible solver
+        (``reversible(..., return_state=True)``): the :class:`~deqjax.solvers.ReversibleState`
+        (the returned iterate's pair and index) that :class:`~deqjax.ReversibleAdjoint` reverses
+        from.
     """
 
     value: PyTree
@@ -127,6 +131,7 @@ class Solution(NamedTuple):
     f_value: PyTree = None
     samples: PyTree = None
     inverse_estimate: Any = None
+    reversible_state: Any = None
 
     def __repr__(self) -> str:
         status = _concrete(self.status)

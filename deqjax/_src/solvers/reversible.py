@@ -38,8 +38,8 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks, tree
-from deqjax._src import loop as loop_lib
 from deqjax._src.solvers import base
+from deqjax._src.solvers import loop as loop_lib
 
 PyTree = Any
 
@@ -134,7 +134,7 @@ def reversible(
     return_state: bool = False,
     checkpoint_every: int | None = None,
     sample_steps: tuple[int, ...] | None = None,
-) -> base.Solution | tuple[base.Solution, ReversibleState]:
+) -> base.Solution:
     """Solves ``z = f(z)`` by the reversible (coupled, relaxed) fixed-point iteration.
 
     McCallum, Arora and Foster (2025), the reversible scheme: ``y_{n+1} = (1-β) y_n + β
@@ -164,8 +164,9 @@ def reversible(
       atol: absolute tolerance of ``stop_mode="mixed"`` (``None``: equal to ``tol``).
       batch_ndim: leading axes of every leaf of ``z0`` that index independent problems, solved in
         one loop with per-problem stopping (0: one problem).
-      return_state: also return the :class:`ReversibleState` (the pair of the returned iterate and
-        its index) that :class:`deqjax.ReversibleAdjoint` reverses from.
+      return_state: also return, as ``Solution.reversible_state``, the :class:`ReversibleState`
+        (the pair of the returned iterate and its index) that :class:`deqjax.ReversibleAdjoint`
+        reverses from.
       checkpoint_every: ``None`` (default: O(1) memory), or ``m >= 1``: with ``return_state``, also
         keep the pair at every ``m``-th evaluation (``2 max_steps / m`` states), where the reverse
         pass restarts from the stored pair instead of its own rebuilt one, so rounding is amplified
@@ -175,8 +176,8 @@ def reversible(
         never reached hold its ``value``), as in every deqjax solver (fixed-point correction).
 
     Returns:
-      A :class:`~deqjax.solvers.Solution` (with ``return_state``: ``(Solution, ReversibleState)``);
-      ``value`` is the best iterate and ``f_value`` is ``f(value)``.
+      A :class:`~deqjax.solvers.Solution`; ``value`` is the best iterate and ``f_value`` is
+      ``f(value)`` (with ``return_state``, ``reversible_state`` is set).
 
     Raises:
       ValueError: for invalid arguments (named in the message).
@@ -288,7 +289,7 @@ def reversible(
             checkpoints=c.checkpoints if n_checkpoints else None,
             checkpoint_every=checkpoint_every if n_checkpoints else None,
         )
-        return sol, state
+        sol = sol._replace(reversible_state=state)
     return sol
 
 
@@ -372,8 +373,8 @@ def reversal_error(
     and returns ``max(||ŷ_0 - z0||, ||ẑ_0 - z0||) / max(||z0||, ||z*||)`` per problem (shape
     ``[*batch]``). Jit-able; ``solver_kwargs`` go to :func:`reversible`.
     """
-    sol, state = reversible(f, z0, batch_ndim=batch_ndim, return_state=True, **solver_kwargs)
-    y0_hat, z0_hat = reconstruct(f, state, batch_ndim=batch_ndim)
+    sol = reversible(f, z0, batch_ndim=batch_ndim, return_state=True, **solver_kwargs)
+    y0_hat, z0_hat = reconstruct(f, sol.reversible_state, batch_ndim=batch_ndim)
     err = jnp.maximum(
         tree.tree_norm(tree.tree_sub(y0_hat, z0), batch_ndim),
         tree.tree_norm(tree.tree_sub(z0_hat, z0), batch_ndim),

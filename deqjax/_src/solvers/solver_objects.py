@@ -33,11 +33,11 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks, linear_solvers
-from deqjax._src import loop as loop_lib
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers import base
 from deqjax._src.solvers import broyden as broyden_lib
 from deqjax._src.solvers import fixed_point_iteration as fpi_lib
+from deqjax._src.solvers import loop as loop_lib
 from deqjax._src.solvers import reversible as reversible_lib
 
 PyTree = Any
@@ -85,8 +85,10 @@ class Solver:
     batch_native: ClassVar[bool]
     __signature__ = _SignatureOfFunction()
 
-    def __init_subclass__(cls, *, function: Callable[..., base.Solution], **kwargs: Any):
+    def __init_subclass__(cls, *, function: Callable[..., base.Solution] | None = None, **kwargs):
         super().__init_subclass__(**kwargs)
+        if function is None:  # a solver that is not a deqjax function (normalise.CustomSolver)
+            return
         params = _keyword_parameters(function)
         names = [p.name for p in params]
         cls.__annotations__ = {p.name: p.annotation for p in params}
@@ -113,11 +115,7 @@ class Solver:
             kw["loop"] = "while"  # "python" cannot be traced; the kind itself is checked above
         z0 = jnp.zeros((1,) * batch_ndim)
 
-        def trial():
-            out = self.function(lambda z: 0.5 * z, z0, **kw)
-            return out if isinstance(out, base.Solution) else out[0]  # e.g. return_state=True
-
-        jax.eval_shape(lambda: trial().value)
+        jax.eval_shape(lambda: self.function(lambda z: 0.5 * z, z0, **kw).value)
 
     def __call__(
         self, f: Callable[[PyTree], PyTree], z0: PyTree, /, **overrides: Any
@@ -176,6 +174,11 @@ class BiCGStab(Solver, function=linear_solvers.bicgstab):
 
 class NormalCG(Solver, function=linear_solvers.normal_cg):
     """:func:`deqjax.solvers.normal_cg` (affine maps) as a frozen object (fields: its keywords)."""
+
+
+def registry() -> dict[str, type[Solver]]:
+    """The deqjax solver classes by name (those :func:`from_dict` rebuilds)."""
+    return dict(_REGISTRY)
 
 
 def from_dict(config: dict[str, Any]) -> Solver:
