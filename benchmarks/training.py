@@ -76,11 +76,10 @@ def measure_throughput(
 
     devices = jax.local_devices()
     _, opt = training.optimizer_from_flags(args, 1000)
-    step_fn = training.make_train_step(loss_fn, opt, per_device_rng=False, devices=devices)
+    pair = training.train_step(loss_fn, opt, per_device_rng=False)
+    step_fn = jax.pmap(pair.update, axis_name="batch", donate_argnums=0, devices=devices)
     params = fns.init(jax.random.PRNGKey(0), jnp.asarray(train_set["image"][:1]))
-    state = training.replicate(
-        training.create_train_state(params, opt, jax.random.PRNGKey(0)), devices
-    )
+    state = training.replicate(pair.init(params, jax.random.PRNGKey(0)), devices)
     it = data.ShuffledBatches(train_set, batch_size=batch_size, seed=0)
     t0 = time.perf_counter()
     state, metrics = step_fn(state, training.shard(next(it), devices))

@@ -49,9 +49,9 @@ SAFE_ON_RESUME = ("epochs", "steps", "num_steps", "log_every", "eval_every", "ev
 
 def add_flags(p) -> None:
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", default="fashion_mnist", choices=data.CLASSIFICATION_SETS,
+    g.add_argument("--dataset", default="fashion_mnist", choices=("fashion_mnist", "digits"),
                    help="Fashion-MNIST idx files, or sklearn's 8x8 digits")  # fmt: skip
-    g.add_argument("--data_dir", help=f"idx folder (default {data.DEFAULT_FASHION_MNIST_DIR})")
+    g.add_argument("--data_dir", help="idx folder (default /usr/share/datasets/fashion-mnist/)")
     g.add_argument("--train_size", type=nonnegative_int, default=0, help="subset (0: all)")
     g.add_argument("--test_size", type=nonnegative_int, default=0, help="subset (0: all)")
     g = p.add_argument_group("model")

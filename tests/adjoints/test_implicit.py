@@ -457,8 +457,9 @@ def test_train_step_logs_backward_stats():
 
     opt = optax.sgd(1e-3)
     devices = jax.local_devices()[:1]
-    step_fn = training.make_train_step(loss_fn, opt, backward_stats=True, devices=devices)
-    state = training.replicate(training.create_train_state(p, opt, jax.random.PRNGKey(0)), devices)
+    pair = training.train_step(loss_fn, opt, backward_stats=True)
+    step_fn = jax.pmap(pair.update, axis_name="batch", devices=devices)
+    state = training.replicate(pair.init(p, jax.random.PRNGKey(0)), devices)
     _, metrics = step_fn(state, training.shard(xs, devices))
     m = training.unreplicate(metrics)
     assert {"bwd_steps", "bwd_rel_residual", "bwd_failure_rate", "bwd_fallback_rate"} <= set(m)

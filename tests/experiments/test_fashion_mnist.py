@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 
 from deqjax import data, training
+from deqjax._src.data.idx import write_idx
+from deqjax._src.training.checkpoint import all_finite
 from experiments import fashion_mnist as fm
 
 
@@ -219,9 +221,9 @@ def test_garbled_idx_file_is_named(tmp_path, capsys):
     rng = np.random.default_rng(0)
     for prefix in ("train", "t10k"):
         images = rng.integers(0, 255, size=(20, 28, 28), dtype=np.uint8)
-        data.write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", images)
+        write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", images)
         labels = rng.integers(0, 10, size=(20,), dtype=np.uint8)
-        data.write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
     garbled = folder / "train-images-idx3-ubyte.gz"
     raw = bytearray(garbled.read_bytes())
     raw[20:-8] = bytes(b ^ 0x55 for b in raw[20:-8])
@@ -279,4 +281,4 @@ def test_nonfinite_training_skips_updates_and_stops_with_exit_3(tmp_path, capsys
     assert steps
     for step in steps:  # every checkpoint kept holds finite values
         state = ocp.StandardCheckpointer().restore(os.path.join(out, "ckpt", step, "state"))
-        assert training.all_finite(state), step
+        assert all_finite(state), step

@@ -1,8 +1,9 @@
 """A toy Haiku MLP on scikit-learn digits for the training tests, and a subprocess entry point.
 
-Imported by ``tests/training/test_fit.py`` (in-process checks) and run as a script for the checks
-that need their own process: a fake device count (``XLA_FLAGS`` is read at JAX start-up), two
-processes joined by ``jax.distributed``, and runs killed with SIGKILL / SIGTERM and resumed.
+Imported by the tests of ``tests/training/`` (in-process checks, and :func:`run_worker` to start
+this file) and run as a script for the checks that need their own process: a fake device count
+(``XLA_FLAGS`` is read at JAX start-up), two processes joined by ``jax.distributed``, and runs
+killed with SIGKILL / SIGTERM and resumed.
 
     python tests/helpers/train_worker.py dp OUT.json
     python tests/helpers/train_worker.py fit OUT.json --workdir DIR [--resume] [--kill_at_step K]
@@ -16,6 +17,7 @@ import functools
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -26,8 +28,34 @@ import numpy as np
 import optax
 
 from deqjax import data, training
+from deqjax._src.training.checkpoint import tree_digest
+from deqjax._src.training.metrics import to_python
 
 NUM_CLASSES = 10
+WORKER = os.path.abspath(__file__)
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(WORKER)))
+
+
+def worker_env(num_devices: int = 1) -> dict:
+    """The environment of a worker process: ``num_devices`` CPU devices, JAX's default dtypes."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
+    env.pop("JAX_ENABLE_X64", None)
+    return env
+
+
+def run_worker(args, *, num_devices=1, timeout=240, check=True) -> subprocess.CompletedProcess:
+    """Runs this file with ``args`` in a fresh process; with ``check`` a failure raises."""
+    proc = subprocess.run(
+        [sys.executable, WORKER, *map(str, args)],
+        env=worker_env(num_devices),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"worker {args} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
 
 
 def _forward(images: jax.Array) -> jax.Array:
@@ -105,6 +133,34 @@ class InterruptibleBatches(data.ShuffledBatches):
 
 noiseless_loss = functools.partial(loss_fn, noise_scale=0.0)
 
+COUNTING_BATCH = 4
+
+
+class CountingBatches:
+    """An endless, non-epoch BatchIterator: batch ``i`` is ``{"x": i + arange(B) / B}``."""
+
+    def __init__(self):
+        self.i = 0
+
+    @property
+    def state(self):
+        return {"i": self.i}
+
+    def restore(self, state):
+        self.i = int(state["i"])
+
+    def __next__(self):
+        x = (self.i + np.arange(COUNTING_BATCH) / COUNTING_BATCH).astype(np.float32)
+        self.i += 1
+        return {"x": x}
+
+
+def carry_loss(params, batch, key, reg_state, step, carry):
+    """A loss that reads the carry; the next carry is a decayed running mean of the batches."""
+    target = jnp.mean(batch["x"]) + 0.1 * carry
+    loss = jnp.sum((params["w"] - target) ** 2)
+    return loss, {"carry": carry}, 0.5 * carry + jnp.mean(batch["x"])
+
 
 def _flat(tree) -> list[float]:
     return np.concatenate([np.ravel(p) for p in jax.tree_util.tree_leaves(tree)]).tolist()
@@ -148,10 +204,10 @@ def run_fit(args, out: dict) -> None:
     out["interrupted"] = result.interrupted
     out["restored_step"] = result.restored_step
     out["step"] = int(result.state.step)
-    out["digest"] = training.tree_digest(result.state)
+    out["digest"] = tree_digest(result.state)
     if args.reference_dir:
         ref = _fit(args.reference_dir, args, resume=False)
-        out["reference_digest"] = training.tree_digest(ref.state)
+        out["reference_digest"] = tree_digest(ref.state)
 
 
 def run_dp(args, out: dict) -> None:
@@ -162,15 +218,13 @@ def run_dp(args, out: dict) -> None:
         t0 = time.perf_counter()
         opt, schedule = make_optimizer(args.num_steps)
         it = data.ShuffledBatches(train, batch_size=args.batch_size, seed=3)
-        step_fn = training.make_train_step(
+        pair = training.train_step(
             noiseless_loss,  # the noise would depend on the shard shape
             opt,
             update_reg_state=count_steps,
-            devices=devices,
         )
-        state = training.create_train_state(
-            init_params(), opt, jax.random.PRNGKey(7), reg_state=init_reg_state()
-        )
+        step_fn = jax.pmap(pair.update, axis_name="batch", donate_argnums=0, devices=devices)
+        state = pair.init(init_params(), jax.random.PRNGKey(7), reg_state=init_reg_state())
         state = training.replicate(state, devices)
         losses, loss_max = [], []
         for _ in range(args.num_steps):
@@ -181,7 +235,7 @@ def run_dp(args, out: dict) -> None:
         host = training.unreplicate(state)
         results[name] = {
             "params": _flat(host.params),
-            "reg_state": training.to_python(host.reg_state),
+            "reg_state": to_python(host.reg_state),
             "losses": losses,
             "loss_max": loss_max,
             "num_devices": len(devices),
@@ -220,19 +274,16 @@ def run_dist(args, out: dict) -> None:
     out["losses"] = [r["loss"] for r in result.history if r["split"] == "train"]
     out["eval"] = [r for r in result.history if r["split"] == "eval"]
     out["params"] = _flat(result.state.params)
-    out["digest"] = training.tree_digest(result.state.params)
+    out["digest"] = tree_digest(result.state.params)
     if args.process_id == 0:
         # Reference: the same global batches on this process's devices alone, no collectives.
         ref_it = data.ShuffledBatches(
             train, batch_size=args.batch_size, seed=3, process_index=0, process_count=1
         )
         devices = jax.local_devices()[:1]
-        step_fn = training.make_train_step(
-            noiseless_loss, opt, per_device_rng=False, devices=devices
-        )
-        state = training.replicate(
-            training.create_train_state(init_params(), opt, jax.random.PRNGKey(7)), devices
-        )
+        pair = training.train_step(noiseless_loss, opt, per_device_rng=False)
+        step_fn = jax.pmap(pair.update, axis_name="batch", donate_argnums=0, devices=devices)
+        state = training.replicate(pair.init(init_params(), jax.random.PRNGKey(7)), devices)
         for _ in range(args.num_steps):
             state, _ = step_fn(state, training.shard(next(ref_it), devices))
         host = training.unreplicate(state)

@@ -174,9 +174,9 @@ def test_lm_batches_passes_reset_and_restore():
     np.testing.assert_array_equal(batches[7]["inputs"], batches[0]["inputs"])  # a new pass
     np.testing.assert_array_equal(batches[1]["inputs"][1], np.arange(57, 64))  # stream 1
     np.testing.assert_array_equal(batches[1]["targets"], batches[1]["inputs"] + 1)
-    assert it.state == dq.data.LMBatchesState(epoch=1, index=2)
+    assert it.state == dq.data.IteratorState(epoch=1, index=2)
     resumed = dq.data.LMBatches(tokens, num_streams=2, segment_length=7)
-    resumed.restore(dq.data.state_dict(it.state))  # as after a checkpoint's JSON round trip
+    resumed.restore(it.state._asdict())  # as after a checkpoint's JSON round trip
     for _ in range(8):
         a, b = next(it), next(resumed)
         for k in a:

@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from deqjax import training
+from deqjax._src.training.train_state import create_train_state
 
 
 def _state(seed: int) -> training.TrainState:
@@ -21,7 +22,7 @@ def _state(seed: int) -> training.TrainState:
         "b": jnp.asarray(rng.normal(size=(3,)), jnp.float64),
     }
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
-    state = training.create_train_state(
+    state = create_train_state(
         params,
         opt,
         jax.random.PRNGKey(seed),

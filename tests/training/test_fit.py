@@ -1,14 +1,14 @@
-"""Training: optimizer/schedules, metrics files, distributed config, and end-to-end runs.
+"""The fit loop end to end: learning, evaluation and diagnostics on digits; any BatchIterator
+with a carried state; kill and resume bit for bit; non-finite updates; an earlier run's files.
 
-Checks that need their own JAX process (a fake device count, two processes joined by
-jax.distributed, runs killed and resumed) run ``tests/helpers/train_worker.py`` in a subprocess.
+Checks that need their own JAX process (a fake device count, runs killed and resumed) run
+``tests/helpers/train_worker.py`` in a subprocess.
 """
 
 import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,133 +20,11 @@ import optax
 import pytest
 
 from deqjax import data, training
+from deqjax._src.training.checkpoint import all_finite, tree_digest
+from deqjax._src.training.train_state import create_train_state
 from experiments import plot_metrics
 from tests.helpers import train_worker as toy
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(os.path.dirname(HERE), "helpers", "train_worker.py")
-
-
-def _env(num_devices: int = 1) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
-    env.pop("JAX_ENABLE_X64", None)
-    return env
-
-
-def _worker(args, *, num_devices=1, timeout=240, check=True):
-    proc = subprocess.run(
-        [sys.executable, WORKER, *map(str, args)],
-        env=_env(num_devices),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"worker {args} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return proc
-
-
-# --- optimizer and schedules -------------------------------------------------------------------
-
-
-def test_schedules():
-    cosine = training.make_schedule(
-        learning_rate=1.0, schedule="cosine", warmup_steps=10, total_steps=110, end_factor=0.1
-    )
-    np.testing.assert_allclose(
-        [cosine(0), cosine(5), cosine(10), cosine(60), cosine(110)],
-        [0.0, 0.5, 1.0, 0.55, 0.1],
-        rtol=1e-6,
-        atol=1e-7,
-    )
-    linear = training.make_schedule(learning_rate=2.0, schedule="linear", total_steps=100)
-    np.testing.assert_allclose([linear(0), linear(50), linear(100)], [2.0, 1.0, 0.0], atol=1e-6)
-    constant = training.make_schedule(learning_rate=0.3, warmup_steps=3)
-    np.testing.assert_allclose([constant(0), constant(3), constant(1000)], [0.0, 0.3, 0.3])
-    for kwargs, name in [
-        ({"learning_rate": 0.0}, "learning_rate"),
-        ({"learning_rate": 1.0, "schedule": "step"}, "schedule"),
-        ({"learning_rate": 1.0, "schedule": "cosine"}, "total_steps"),
-        ({"learning_rate": 1.0, "warmup_steps": -1}, "warmup_steps"),
-        ({"learning_rate": 1.0, "end_factor": 2.0}, "end_factor"),
-    ]:
-        with pytest.raises(ValueError, match=name):
-            training.make_schedule(**kwargs)
-
-
-def test_optimizer_clipping_and_errors():
-    opt = training.make_optimizer(learning_rate=1.0, optimizer="sgd", momentum=0.0, clip_norm=2.0)
-    params = {"a": jnp.zeros(3, jnp.float32), "b": jnp.zeros(4, jnp.float32)}
-    grads = {"a": jnp.full(3, 100.0, jnp.float32), "b": jnp.full(4, -50.0, jnp.float32)}
-    updates, _ = opt.update(grads, opt.init(params), params)
-    np.testing.assert_allclose(optax.tree.norm(updates), 2.0, rtol=1e-6)
-    for kwargs, name in [
-        ({"optimizer": "lamb"}, "optimizer"),
-        ({"clip_norm": 0.0}, "clip_norm"),
-        ({"weight_decay": 0.1}, "weight_decay"),
-        ({"optimizer": "sgd", "momentum": 1.0}, "momentum"),
-    ]:
-        with pytest.raises(ValueError, match=name):
-            training.make_optimizer(learning_rate=0.1, **kwargs)
-
-
-# --- metrics files, distributed config ---------------------------------------------------------
-
-
-def test_metrics_writer_is_append_only_across_resumes(tmp_path):
-    path = tmp_path / "run" / "metrics.jsonl"
-    with training.MetricsWriter(path) as w:
-        for step in range(1, 6):
-            w.write({"step": step, "loss": np.float32(1.0 / step), "bad": float("nan")})
-    with open(path, "a") as f:
-        f.write('{"step": 6, "lo')  # a line torn by a kill
-    records = training.read_jsonl(path)
-    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
-    assert np.isnan(records[0]["bad"]) and records[1]["loss"] == pytest.approx(0.5)
-    before = path.read_bytes()
-    with training.MetricsWriter(path, keep_until_step=3) as w:  # resumed from step 3
-        w.write({"step": 4, "loss": 9.0})
-    assert path.read_bytes().startswith(before)  # nothing rewritten
-    assert [(r["step"], r["loss"]) for r in training.read_jsonl(path)][2:] == [
-        (3, float(np.float32(1 / 3))),
-        (4, 9.0),
-    ]
-    assert [r["step"] for r in training.read_jsonl(path, raw=True)] == [1, 2, 3, 4, 5, 3, 4]
-    with pytest.raises(FileExistsError, match="earlier run"):
-        training.MetricsWriter(path)  # a fresh run never silently deletes another's metrics
-    with training.MetricsWriter(path, overwrite=True):
-        pass
-    assert training.read_jsonl(path) == []
-
-
-def test_format_value_prints_nonfinite_and_strings():
-    fmt = training.format_value
-    assert fmt(float("nan"), ".2e") == "nan" and fmt("nan", ".4f") == "nan"
-    assert fmt("inf", ".2e") == "inf" and fmt(np.float32(0.5), ".2f") == "0.50"
-    assert fmt(None) == "None" and fmt("n/a") == "n/a"
-
-
-def test_distributed_config_from_flags_and_env():
-    assert training.distributed_config(environ={}) is None
-    env = {
-        "DEQJAX_COORDINATOR_ADDRESS": "10.0.0.1:1234",
-        "DEQJAX_NUM_PROCESSES": "4",
-        "DEQJAX_PROCESS_ID": "2",
-    }
-    assert training.distributed_config(environ=env) == ("10.0.0.1:1234", 4, 2)
-    assert training.distributed_config(process_id=3, environ=env).process_id == 3  # flag wins
-    assert training.distributed_config("h:1", 1, 0, environ={}) is None  # one process
-    with pytest.raises(ValueError, match="process_id"):
-        training.distributed_config("h:1", 2, 2, environ={})
-    with pytest.raises(ValueError, match="coordinator_address"):
-        training.distributed_config(None, 2, 0, environ={})
-    with pytest.raises(ValueError, match="host:port"):
-        training.distributed_config("h", 2, 0, environ={})
-    assert training.initialize_distributed(environ={}) is None  # single process: no-op
-
-
-# --- end to end in this process (one device) ---------------------------------------------------
+from tests.helpers.train_worker import WORKER, CountingBatches, carry_loss, run_worker, worker_env
 
 
 @pytest.mark.slow
@@ -205,61 +83,107 @@ def test_fit_learns_digits(tmp_path):
     assert names == ["loss", "accuracy"]
 
 
-# --- subprocess checks -------------------------------------------------------------------------
+# --- any BatchIterator, a carried state --------------------------------------------------------
 
 
-def test_four_devices_match_one_device(tmp_path):
-    out = tmp_path / "dp.json"
-    _worker(["dp", out, "--num_steps", 8, "--batch_size", 64], num_devices=4)
-    res = json.loads(out.read_text())
-    one, four = res["one"], res["all"]
-    assert one["num_devices"] == 1 and four["num_devices"] == 4
-    np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-5)
-    # loss_max is reduced with pmax: the max over the global batch, whatever the sharding.
-    np.testing.assert_allclose(four["loss_max"], one["loss_max"], rtol=1e-5)
-    np.testing.assert_allclose(four["params"], one["params"], rtol=1e-4, atol=1e-5)
-    assert one["losses"][-1] < one["losses"][0]
-    assert four["reg_state"]["count"] == 8
-    np.testing.assert_allclose(four["reg_state"]["loss_sum"], sum(one["losses"]), rtol=1e-5)
+def _carry_fit(tmp_path, num_steps, *, resume=False, checkpoint_every=None, name="run"):
+    return training.fit(
+        params={"w": jnp.zeros((2,), jnp.float32)},
+        loss_fn=carry_loss,
+        optimizer=optax.sgd(0.1),
+        train_data=CountingBatches(),
+        num_steps=num_steps,
+        rng=jax.random.PRNGKey(0),
+        carry=jnp.zeros((), jnp.float32),
+        log_every=1,
+        checkpoint_dir=tmp_path / name / "ckpt",
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        progress=False,
+        print_fn=None,
+    )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+def test_any_batch_iterator_with_a_carry_trains_and_resumes_exactly(tmp_path):
+    assert isinstance(CountingBatches(), data.BatchIterator)
+    shuffled = data.ShuffledBatches({"x": np.zeros(8)}, batch_size=2, seed=0)
+    assert isinstance(shuffled, data.BatchIterator)
+    full = _carry_fit(tmp_path, 6, name="full")
+    # the carry follows the data: c_{k+1} = c_k / 2 + mean(batch k), one copy per device
+    c = 0.0
+    for i in range(6):
+        assert full.history[i]["carry"] == pytest.approx(c, rel=1e-6)
+        c = 0.5 * c + i + (toy.COUNTING_BATCH - 1) / (2 * toy.COUNTING_BATCH)
+    assert np.asarray(full.state.carry).shape == (1,)
+    np.testing.assert_allclose(full.state.carry, [c], rtol=1e-6)
+    assert full.data_state == {"i": 6} and "epoch" not in full.history[0]
+    # stop after 4 steps, resume to 6: the same state, carry included, bit for bit
+    _carry_fit(tmp_path, 4, checkpoint_every=2, name="part")
+    resumed = _carry_fit(tmp_path, 6, resume=True, name="part")
+    assert resumed.restored_step == 4
+    assert tree_digest(resumed.state) == tree_digest(full.state)
 
 
-@pytest.mark.slow
-def test_two_processes_agree(tmp_path):
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, WORKER, "dist", tmp_path / f"p{i}.json", "--workdir", tmp_path]
-            + ["--port", str(port), "--process_id", str(i), "--num_processes", "2"]
-            + ["--num_steps", "6", "--batch_size", "64"],
-            env=_env(1),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+def test_fit_rejects_a_non_iterator_and_mixed_step_arguments(tmp_path):
+    kwargs = dict(params={"w": jnp.zeros(2)}, num_steps=2, rng=jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="BatchIterator"):
+        training.fit(loss_fn=carry_loss, optimizer=optax.sgd(0.1), train_data=[1, 2], **kwargs)
+    pair = training.train_step(carry_loss, optax.sgd(0.1), with_carry=True)
+    with pytest.raises(ValueError, match="either loss_fn and optimizer, or train_step"):
+        training.fit(loss_fn=carry_loss, train_step=pair, train_data=CountingBatches(), **kwargs)
+    with pytest.raises(ValueError, match="eval_every"):
+        training.fit(
+            train_step=pair,
+            train_data=CountingBatches(),
+            eval_fn=lambda p, b: {},
+            eval_data={"x": np.zeros(4)},
+            **kwargs,
         )
-        for i in range(2)
-    ]
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=240)
-            assert p.returncode == 0, err[-4000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    r0, r1 = (json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2))
-    assert (r0["process_count"], r0["device_count"], r0["local_batch_size"]) == (2, 2, 32)
-    assert (r0["process_index"], r1["process_index"]) == (0, 1)
-    assert r0["losses"] == r1["losses"] and r0["digest"] == r1["digest"]
-    # Same global batches on one process alone give the same parameters.
-    np.testing.assert_allclose(r0["params"], r0["ref_params"], rtol=1e-4, atol=1e-5)
-    assert r0["eval"][-1]["count"] == 449 and r0["eval"] == r1["eval"]
-    assert os.listdir(tmp_path / "ckpt") == ["6"]  # both processes wrote one checkpoint
+
+
+_TWO_DEVICES = r"""
+import json, os, sys, tempfile
+import jax, jax.numpy as jnp, numpy as np, optax
+from deqjax import training
+from deqjax._src.training.checkpoint import tree_digest
+from tests.helpers.train_worker import CountingBatches, carry_loss
+
+d = tempfile.mkdtemp()
+def fit(n, **kw):
+    return training.fit(params={"w": jnp.zeros((2,), jnp.float32)}, loss_fn=carry_loss,
+                        optimizer=optax.sgd(0.1), train_data=CountingBatches(), num_steps=n,
+                        rng=jax.random.PRNGKey(0), carry=jnp.zeros((), jnp.float32),
+                        progress=False, print_fn=None, **kw)
+full = fit(6)
+fit(4, checkpoint_dir=os.path.join(d, "ck"), checkpoint_every=2)
+resumed = fit(6, checkpoint_dir=os.path.join(d, "ck"), resume=True)
+same = tree_digest(resumed.state) == tree_digest(full.state)
+print(json.dumps({"n": jax.device_count(), "carry": np.asarray(full.state.carry).tolist(),
+                  "same": same}))
+"""
+
+
+@pytest.mark.slow  # a fresh JAX process with two CPU devices (~30 s)
+def test_each_device_keeps_its_own_carry_and_resumes_it():
+    proc = subprocess.run(
+        [sys.executable, "-c", _TWO_DEVICES],
+        cwd=toy.REPO_ROOT,
+        env=worker_env(2),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["n"] == 2 and out["same"]
+    # device k sees the k-th half of every batch: its running mean differs from the other's
+    c0 = c1 = 0.0
+    for i in range(6):
+        c0, c1 = 0.5 * c0 + i + 0.125, 0.5 * c1 + i + 0.625
+    np.testing.assert_allclose(out["carry"], [c0, c1], rtol=1e-6)
+
+
+# --- killed and resumed ---------------------------------------------------------------------
 
 
 @pytest.mark.slow
@@ -270,7 +194,7 @@ def test_sigterm_and_sigkill_then_resume_reproduce_the_run(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, WORKER, "fit", tmp_path / "a.json", *map(str, common)]
         + ["--step_delay_s", "0.5"],
-        env=_env(),
+        env=worker_env(),
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -288,12 +212,12 @@ def test_sigterm_and_sigkill_then_resume_reproduce_the_run(tmp_path):
     assert str(a["step"]) in os.listdir(work / "ckpt")
     # 2) Resume, then SIGKILL at a random later step (no chance to save anything).
     kill_at = random.Random(1234).randrange(a["step"] + 1, 12)
-    proc = _worker(
+    proc = run_worker(
         ["fit", tmp_path / "b.json", *common, "--resume", "--kill_at_step", kill_at], check=False
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     # 3) Resume to the end, then a fresh uninterrupted reference run in the same process.
-    _worker(["fit", tmp_path / "c.json", *common, "--resume", "--reference_dir", ref])
+    run_worker(["fit", tmp_path / "c.json", *common, "--resume", "--reference_dir", ref])
     c = json.loads((tmp_path / "c.json").read_text())
     assert c["restored_step"] == max(a["step"], 3 * (kill_at // 3))
     assert c["step"] == 12 and c["digest"] == c["reference_digest"]  # bit-identical state
@@ -345,7 +269,7 @@ def test_nonfinite_loss_skips_the_update_and_is_counted(tmp_path):
     w = float(np.asarray(result.state.params["w"])[0])
     assert w == pytest.approx(1.0 - 0.8**6, rel=1e-5)
     ckpt = training.Checkpointer(tmp_path / "ckpt")
-    assert all(training.all_finite(ckpt.restore(template=result.state).state) for _ in [0])
+    assert all(all_finite(ckpt.restore(template=result.state).state) for _ in [0])
     ckpt.close()
 
 
@@ -355,13 +279,13 @@ def test_nonfinite_streak_stops_the_run_with_finite_checkpoints(tmp_path):
     ckpt = training.Checkpointer(tmp_path / "ckpt")
     assert ckpt.all_steps() == [4, 5]  # the streak reached 3 at step 6: stopped before saving it
     restored = ckpt.restore(template=_toy_state())
-    assert training.all_finite(restored.state)
+    assert all_finite(restored.state)
     ckpt.close()
 
 
 def _toy_state():
     opt = training.skip_nonfinite(optax.sgd(0.1))
-    return training.create_train_state({"w": jnp.zeros(3, jnp.float32)}, opt, jax.random.PRNGKey(0))
+    return create_train_state({"w": jnp.zeros(3, jnp.float32)}, opt, jax.random.PRNGKey(0))
 
 
 def test_overflowing_update_is_never_checkpointed(tmp_path):
@@ -373,7 +297,7 @@ def test_overflowing_update_is_never_checkpointed(tmp_path):
         _toy_fit(tmp_path, loss_fn, optimizer=optax.sgd(1.0))
     ckpt = training.Checkpointer(tmp_path / "ckpt")
     assert ckpt.all_steps() == [1]  # rotation kept the last finite checkpoint
-    assert training.all_finite(ckpt.restore(template=_toy_state()).state)
+    assert all_finite(ckpt.restore(template=_toy_state()).state)
     ckpt.close()
 
 

@@ -24,10 +24,30 @@ Arrays = Mapping[str, np.ndarray]
 
 
 class IteratorState(NamedTuple):
-    """Position of a :class:`ShuffledBatches` iterator; store it in checkpoints."""
+    """Position of an epoch-based batch iterator (:class:`ShuffledBatches`,
+    :class:`~deqjax.data.LMBatches`); stored in checkpoints."""
 
-    epoch: int  # epochs completed before the current one (0-based epoch number)
+    epoch: int  # epochs (passes over the data) completed before the current one
     index: int  # batches already yielded in the current epoch
+
+
+def iterator_state(
+    state: IteratorState | tuple[int, int] | Mapping[str, Any], steps_per_epoch: int
+) -> IteratorState:
+    """``state`` (a tuple, or ``{"epoch", "index"}`` after a JSON round trip) as an
+    :class:`IteratorState`, checked against ``steps_per_epoch``.
+
+    Raises:
+      ValueError: for a negative epoch or an index outside ``[0, steps_per_epoch]``.
+    """
+    if isinstance(state, Mapping):
+        state = (state["epoch"], state["index"])
+    epoch, index = (int(s) for s in state)
+    if epoch < 0 or not 0 <= index <= steps_per_epoch:
+        raise ValueError(
+            f"state must have epoch >= 0 and 0 <= index <= {steps_per_epoch}, got {state}."
+        )
+    return IteratorState(epoch, index)
 
 
 @runtime_checkable
@@ -76,7 +96,8 @@ def epoch_permutation(num_examples: int, *, seed: int, epoch: int) -> np.ndarray
     return np.random.default_rng([int(seed), int(epoch)]).permutation(num_examples)
 
 
-def _process_info(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+def process_info(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+    """``(process_index, process_count)``: the values given, else JAX's; checked."""
     if process_index is None or process_count is None:
         import jax
 
@@ -136,7 +157,7 @@ class ShuffledBatches:
         state: IteratorState | None = None,
     ):
         self._num_examples = _check_arrays(arrays, "arrays")
-        self._process_index, self._process_count = _process_info(process_index, process_count)
+        self._process_index, self._process_count = process_info(process_index, process_count)
         if batch_size < 1 or batch_size > self._num_examples:
             raise ValueError(
                 f"batch_size must be in [1, {self._num_examples}] (the number of examples), "
@@ -183,14 +204,7 @@ class ShuffledBatches:
 
     def restore(self, state: IteratorState | tuple[int, int] | Mapping[str, Any]) -> None:
         """Moves to a position saved from :attr:`state` (a tuple or ``{"epoch", "index"}``)."""
-        if isinstance(state, Mapping):
-            state = IteratorState(int(state["epoch"]), int(state["index"]))
-        epoch, index = (int(s) for s in state)
-        if epoch < 0 or not 0 <= index <= self.steps_per_epoch:
-            raise ValueError(
-                f"state must have epoch >= 0 and 0 <= index <= {self.steps_per_epoch}, got {state}."
-            )
-        self._state = IteratorState(epoch, index)
+        self._state = iterator_state(state, self.steps_per_epoch)
 
     def _order(self, epoch: int) -> np.ndarray:
         if self._perm_epoch != epoch:
@@ -234,7 +248,7 @@ def eval_batches(
       once over all processes and batches.
     """
     n = _check_arrays(arrays, "arrays")
-    p, count = _process_info(process_index, process_count)
+    p, count = process_info(process_index, process_count)
     if batch_size < 1 or batch_size % count:
         raise ValueError(
             f"batch_size must be a positive multiple of process_count ({count}), got {batch_size}."

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from deqjax._src.data.batching import _process_info
+from deqjax._src.data.batching import IteratorState, iterator_state, process_info
 
 
 class LMSegment(NamedTuple):
@@ -130,13 +130,6 @@ def _segments(
         yield LMSegment(inputs.copy(), targets.copy(), memory, memory_valid, s)
 
 
-class LMBatchesState(NamedTuple):
-    """Position of an :class:`LMBatches` iterator (stored in checkpoints)."""
-
-    epoch: int  # passes over the segments completed
-    index: int  # segments already yielded in the current pass
-
-
 class LMBatches:
     """Endless, resumable language-model batches: :func:`lm_segments` pass after pass.
 
@@ -168,7 +161,7 @@ class LMBatches:
     Example:
       >>> it = LMBatches(train_tokens, num_streams=16, segment_length=64)
       >>> batch = next(it); it.state
-      LMBatchesState(epoch=0, index=1)
+      IteratorState(epoch=0, index=1)
     """
 
     def __init__(
@@ -181,7 +174,7 @@ class LMBatches:
         pad_id: int = 0,
         process_index: int | None = None,
         process_count: int | None = None,
-        state: LMBatchesState | None = None,
+        state: IteratorState | None = None,
     ):
         # Validates every argument (and that one segment fits) now, not at the first next().
         lm_segments(
@@ -191,7 +184,7 @@ class LMBatches:
             memory_length=memory_length,
             pad_id=pad_id,
         )
-        self._process_index, self._process_count = _process_info(process_index, process_count)
+        self._process_index, self._process_count = process_info(process_index, process_count)
         if num_streams % self._process_count:
             raise ValueError(
                 f"num_streams ({num_streams}) must be divisible by the process count "
@@ -209,31 +202,23 @@ class LMBatches:
         self.steps_per_epoch = num_lm_segments(
             self._tokens.shape[0], num_streams=num_streams, segment_length=segment_length
         )
-        self._state = LMBatchesState(0, 0)
         self._segments: Iterator[LMSegment] | None = None
-        self.restore(LMBatchesState(0, 0) if state is None else state)
+        self.restore(IteratorState(0, 0) if state is None else state)
 
     @property
-    def state(self) -> LMBatchesState:
+    def state(self) -> IteratorState:
         """The position: ``(passes completed, segments yielded in this pass)``."""
         return self._state
 
-    def restore(self, state: LMBatchesState | dict[str, Any]) -> None:
-        """Moves to ``state`` (an :class:`LMBatchesState` or its dict after a JSON round trip).
+    def restore(self, state: IteratorState | dict[str, Any]) -> None:
+        """Moves to ``state`` (an :class:`~deqjax.data.IteratorState` or its dict after a JSON
+        round trip).
 
         Raises:
           ValueError: for a position outside ``[0, steps_per_epoch]`` or a negative epoch.
         """
-        if isinstance(state, dict):
-            state = LMBatchesState(int(state["epoch"]), int(state["index"]))
-        epoch, index = int(state.epoch), int(state.index)
-        if epoch < 0 or not 0 <= index <= self.steps_per_epoch:
-            raise ValueError(
-                f"state must have epoch >= 0 and index in [0, {self.steps_per_epoch}], got "
-                f"{state!r}."
-            )
-        self._state = LMBatchesState(epoch, index)
-        self._segments = lm_segments(self._tokens, start=index, **self._kwargs)
+        self._state = iterator_state(state, self.steps_per_epoch)
+        self._segments = lm_segments(self._tokens, start=self._state.index, **self._kwargs)
 
     def __iter__(self) -> LMBatches:
         return self
@@ -244,7 +229,7 @@ class LMBatches:
             epoch, index = epoch + 1, 0
             self._segments = lm_segments(self._tokens, **self._kwargs)
         seg = next(self._segments)
-        self._state = LMBatchesState(epoch, index + 1)
+        self._state = IteratorState(epoch, index + 1)
         lo = self._process_index * self.local_batch_size
         rows = slice(lo, lo + self.local_batch_size)
         batch = {

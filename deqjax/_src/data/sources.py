@@ -78,9 +78,36 @@ def _with_channel(split: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"image": image[..., None] if image.ndim == 3 else image, "label": split["label"]}
 
 
+def _from_upstream_files(name: str, data_dir: str | os.PathLike[str] | None) -> ImageDataset:
+    """The data set from its upstream raw files, read with numpy (CIFAR-10 pickles, idx files).
+
+    Raises:
+      FileNotFoundError: the files are not there (the message names where it looked).
+    """
+    if name == "cifar10":
+        root = resolve_cache_dir(data_dir)
+        splits = _cifar10.load_cifar10(root)
+        source = f"CIFAR-10 python pickles ({_cifar10.find_cifar10_dir(root)})"
+    else:
+        if name == "fashion_mnist":
+            root = Path(_idx.DEFAULT_FASHION_MNIST_DIR if data_dir is None else data_dir)
+            loader = _idx.load_fashion_mnist
+        else:
+            root = resolve_cache_dir(data_dir)
+            loader = _idx.load_mnist
+        splits = {s: _with_channel(loader(root, split=s)) for s in ("train", "test")}
+        source = f"{name} idx files ({root})"
+    return ImageDataset(name, source, False, splits["train"], splits["test"], _NUM_CLASSES[name])
+
+
 def _from_tfds(
     name: str, *, data_dir: str | os.PathLike[str] | None, download: bool
-) -> tuple[dict[str, dict[str, np.ndarray]], str]:
+) -> ImageDataset:
+    """The data set from a prepared TFDS directory, or a TFDS download when asked and online.
+
+    Raises:
+      DataNotFoundError: TFDS has no prepared copy (and may not or cannot download one).
+    """
     splits, sources = {}, []
     for split in ("train", "test"):
         loaded = _tfds.load_tfds_split(name, split=split, data_dir=data_dir, download=download)
@@ -92,7 +119,29 @@ def _from_tfds(
             "label": np.asarray(loaded.arrays["label"], np.int32),
         }
         sources.append(loaded.source)
-    return splits, "; ".join(sources)
+    source = "; ".join(sources)
+    return ImageDataset(name, source, False, splits["train"], splits["test"], _NUM_CLASSES[name])
+
+
+def _standin(name: str, standin_dir: str | os.PathLike[str] | None) -> ImageDataset:
+    """Fashion-MNIST standing in for ``"cifar10"`` (padded to 32x32x3) or ``"mnist"``, labelled.
+
+    Raises:
+      FileNotFoundError: the Fashion-MNIST idx files are not there either.
+    """
+    fm = {s: _idx.load_fashion_mnist(standin_dir, split=s) for s in ("train", "test")}
+    if name == "cifar10":
+        splits = {
+            s: {"image": pad_to_cifar_shape(d["image"]), "label": d["label"]} for s, d in fm.items()
+        }
+        what = "Fashion-MNIST padded to 32x32x3 for CIFAR-10"
+    else:
+        splits = {s: _with_channel(d) for s, d in fm.items()}
+        what = "Fashion-MNIST for MNIST"
+    fm_dir = _idx.DEFAULT_FASHION_MNIST_DIR if standin_dir is None else standin_dir
+    source = f"{STANDIN_PREFIX}{what} (idx files in {fm_dir}; {name} not found)"
+    _LOG.warning("%s", source)
+    return ImageDataset(name, source, True, splits["train"], splits["test"], 10)
 
 
 def load_image_dataset(
@@ -128,62 +177,24 @@ def load_image_dataset(
     if name not in IMAGE_DATASETS:
         raise ValueError(f"name must be one of {IMAGE_DATASETS}, got {name!r}.")
     failures: list[str] = []
-
-    # 1. Upstream raw files, read with numpy.
-    try:
-        if name == "cifar10":
-            root = resolve_cache_dir(data_dir)
-            splits = _cifar10.load_cifar10(root)
-            directory = _cifar10.find_cifar10_dir(root)
-            source = f"CIFAR-10 python pickles ({directory})"
-        else:
-            if name == "fashion_mnist":
-                root = Path(_idx.DEFAULT_FASHION_MNIST_DIR if data_dir is None else data_dir)
-                loader = _idx.load_fashion_mnist
-            else:
-                root = resolve_cache_dir(data_dir)
-                loader = _idx.load_mnist
-            splits = {s: _with_channel(loader(root, split=s)) for s in ("train", "test")}
-            source = f"{name} idx files ({root})"
-        return ImageDataset(
-            name, source, False, splits["train"], splits["test"], _NUM_CLASSES[name]
-        )
+    try:  # 1. upstream raw files, read with numpy
+        return _from_upstream_files(name, data_dir)
     except FileNotFoundError as e:
         failures.append(str(e))
-
-    # 2. TFDS: a prepared directory, or a download when asked and online.
-    try:
-        splits, source = _from_tfds(name, data_dir=tfds_data_dir, download=download)
-        return ImageDataset(
-            name, source, False, splits["train"], splits["test"], _NUM_CLASSES[name]
-        )
+    try:  # 2. TFDS: a prepared directory, or a download when asked and online
+        return _from_tfds(name, data_dir=tfds_data_dir, download=download)
     except DataNotFoundError as e:
         failures.append(str(e))
-
-    # 3. The labelled offline stand-in.
-    if allow_standin and name in ("cifar10", "mnist"):
-        try:
-            fm = {s: _idx.load_fashion_mnist(standin_dir, split=s) for s in ("train", "test")}
-        except FileNotFoundError as e:
-            failures.append(str(e))
+    if name in ("cifar10", "mnist"):  # 3. the labelled offline stand-in
+        if not allow_standin:
+            failures.append(
+                "The Fashion-MNIST stand-in was not allowed (pass allow_standin=True to use it)."
+            )
         else:
-            if name == "cifar10":
-                splits = {
-                    s: {"image": pad_to_cifar_shape(d["image"]), "label": d["label"]}
-                    for s, d in fm.items()
-                }
-                what = "Fashion-MNIST padded to 32x32x3 for CIFAR-10"
-            else:
-                splits = {s: _with_channel(d) for s, d in fm.items()}
-                what = "Fashion-MNIST for MNIST"
-            fm_dir = _idx.DEFAULT_FASHION_MNIST_DIR if standin_dir is None else standin_dir
-            source = f"{STANDIN_PREFIX}{what} (idx files in {fm_dir}; {name} not found)"
-            _LOG.warning("%s", source)
-            return ImageDataset(name, source, True, splits["train"], splits["test"], 10)
-    elif name in ("cifar10", "mnist"):
-        failures.append(
-            "The Fashion-MNIST stand-in was not allowed (pass allow_standin=True to use it)."
-        )
+            try:
+                return _standin(name, standin_dir)
+            except FileNotFoundError as e:
+                failures.append(str(e))
     raise DataNotFoundError(f"No source has {name!r}. Tried, in order:\n\n" + "\n\n".join(failures))
 
 

@@ -20,6 +20,7 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -96,38 +97,48 @@ class SentencePieceTokenizer:
         return f"SentencePieceTokenizer({str(self.model_path)!r}, vocab_size={self.vocab_size})"
 
 
-def _settings(
-    vocab_size: int, model_type: str, character_coverage: float, max_sentences: int, seed: int
-) -> dict:
-    return {
-        "vocab_size": vocab_size,
-        "model_type": model_type,
-        "character_coverage": character_coverage,
-        "max_sentences": max_sentences,
-        "seed": seed,
-    }
+class SentencePieceSettings(NamedTuple):
+    """The training settings a sentencepiece model depends on: with the text, its cache key."""
+
+    vocab_size: int  # number of ids, including pad/unk/eos; at least 8
+    model_type: str = "unigram"  # "unigram" (sentencepiece's default), "bpe", "char" or "word"
+    character_coverage: float = 1.0  # share of characters covered (1.0 for small alphabets)
+    max_sentences: int = 2_000_000  # at most this many lines are sampled for training
+    seed: int = 0  # seed of sentencepiece's sampling (determinism of the trained model)
+
+    def check(self) -> None:
+        """Raises ``ValueError`` naming the first invalid setting."""
+        if not isinstance(self.vocab_size, int) or self.vocab_size < 8:
+            raise ValueError(f"vocab_size must be an int >= 8, got {self.vocab_size!r}.")
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}.")
+        if not 0.0 < self.character_coverage <= 1.0:
+            raise ValueError(
+                f"character_coverage must lie in (0, 1], got {self.character_coverage}."
+            )
+        if self.max_sentences < 1:
+            raise ValueError(f"max_sentences must be >= 1, got {self.max_sentences}.")
 
 
 def tokenizer_model_path(
     train_lines: Sequence[str],
-    *,
-    vocab_size: int,
+    settings: SentencePieceSettings,
     cache_dir: str | os.PathLike[str] | None = None,
-    model_type: str = "unigram",
-    character_coverage: float = 1.0,
-    max_sentences: int = 2_000_000,
-    seed: int = 0,
 ) -> Path:
     """Where :func:`train_sentencepiece` caches the model for these lines and settings."""
     spm = _import_sentencepiece()
-    settings = _settings(vocab_size, model_type, character_coverage, max_sentences, seed)
     key = hashlib.sha256(
         json.dumps(
-            {"text": hash_lines(train_lines), "sentencepiece": spm.__version__, **settings},
+            {
+                "text": hash_lines(train_lines),
+                "sentencepiece": spm.__version__,
+                **settings._asdict(),
+            },
             sort_keys=True,
         ).encode()
     ).hexdigest()[:16]
-    return resolve_cache_dir(cache_dir) / "sentencepiece" / f"{model_type}{vocab_size}-{key}.model"
+    name = f"{settings.model_type}{settings.vocab_size}-{key}.model"
+    return resolve_cache_dir(cache_dir) / "sentencepiece" / name
 
 
 def train_sentencepiece(
@@ -160,40 +171,33 @@ def train_sentencepiece(
     Raises:
       ValueError: for a bad argument (named) or an empty ``train_lines``.
     """
-    if not isinstance(vocab_size, int) or vocab_size < 8:
-        raise ValueError(f"vocab_size must be an int >= 8, got {vocab_size!r}.")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
-    if not 0.0 < character_coverage <= 1.0:
-        raise ValueError(f"character_coverage must lie in (0, 1], got {character_coverage}.")
-    if max_sentences < 1:
-        raise ValueError(f"max_sentences must be >= 1, got {max_sentences}.")
+    settings = SentencePieceSettings(
+        vocab_size, model_type, character_coverage, max_sentences, seed
+    )
+    settings.check()
     if num_threads < 1:
         raise ValueError(f"num_threads must be >= 1, got {num_threads}.")
     if len(train_lines) == 0:
         raise ValueError("train_lines is empty.")
-    path = tokenizer_model_path(
-        train_lines,
-        vocab_size=vocab_size,
-        cache_dir=cache_dir,
-        model_type=model_type,
-        character_coverage=character_coverage,
-        max_sentences=max_sentences,
-        seed=seed,
-    )
-    if path.is_file():
-        return SentencePieceTokenizer(path)
+    path = tokenizer_model_path(train_lines, settings, cache_dir)
+    if not path.is_file():
+        atomic_write_bytes(path, _train(train_lines, settings, num_threads))
+    return SentencePieceTokenizer(path)
+
+
+def _train(train_lines: Sequence[str], settings: SentencePieceSettings, num_threads: int) -> bytes:
+    """The serialized model sentencepiece trains on ``train_lines`` (ids: pad 0, unk 1, eos 2)."""
     spm = _import_sentencepiece()
-    spm.set_random_generator_seed(seed)
+    spm.set_random_generator_seed(settings.seed)
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(train_lines),
             model_writer=model,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            input_sentence_size=max_sentences,
+            vocab_size=settings.vocab_size,
+            model_type=settings.model_type,
+            character_coverage=settings.character_coverage,
+            input_sentence_size=settings.max_sentences,
             shuffle_input_sentence=True,
             pad_id=PAD_ID,
             unk_id=UNK_ID,
@@ -203,9 +207,10 @@ def train_sentencepiece(
             minloglevel=2,
         )
     except RuntimeError as e:
-        raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {e}") from e
-    atomic_write_bytes(path, model.getvalue())
-    return SentencePieceTokenizer(path)
+        raise ValueError(
+            f"sentencepiece training failed (vocab_size={settings.vocab_size}): {e}"
+        ) from e
+    return model.getvalue()
 
 
 def encode_corpus(
@@ -219,7 +224,7 @@ def encode_corpus(
 
     Args:
       tokenizer: a trained tokenizer.
-      corpus: the corpus (see :func:`deqjax._src.data.sources.load_lm_corpus`).
+      corpus: the corpus (see :func:`~deqjax.data.load_lm_corpus`).
       splits: which splits to encode.
       cache: read/write ``<model stem>-<split>-<hash>.npy`` next to the model file.
 

@@ -71,7 +71,7 @@ def evaluate_lm(
 
     Args:
       model, params: as in :func:`lm_loss`.
-      tokens: 1-D token stream (``dq.data.lm_segments`` layout).
+      tokens: 1-D token stream (laid out in contiguous streams as ``dq.data.LMBatches`` does).
       num_streams, segment_length: ``B`` and ``T``.
       num_segments: how many segments at most.
       memory: the zero memory (``dq.models.initial_memory`` at batch ``B``), or ``None``.

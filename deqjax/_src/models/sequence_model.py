@@ -8,7 +8,7 @@ The trellis state is ``[h; c]``; the head reads the hidden half ``h``. A pre-LN 
 state un-normalised, so a final LayerNorm precedes the head (as in pre-LN transformers).
 
 The memory is the recurrent carry of a language model trained on contiguous segments
-(``dq.data.lm_segments``): start from ``dq.models.initial_memory(...)`` and pass
+(``dq.data.LMBatches``): start from ``dq.models.initial_memory(...)`` and pass
 ``next_memory(aux["new_mems"], M)`` to the next segment's call (see
 :mod:`deqjax._src.models.sequence`).
 """

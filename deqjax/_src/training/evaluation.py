@@ -1,4 +1,5 @@
-"""Data-parallel evaluation over a whole data set: masked sums per batch, means at the end."""
+"""Steps that measure without training: evaluation over a whole data set (masked sums per batch,
+means at the end) and occasional diagnostics on the current batch."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax._src.training.train_state import shard, unreplicate
-from deqjax._src.training.train_step import AXIS, Metrics, _as_float
+from deqjax._src.training.train_state import TrainState, shard, unreplicate
+from deqjax._src.training.train_step import AXIS, Metrics, as_float, reduce_metrics
 
 PyTree = Any
 EvalFn = Callable[[PyTree, PyTree], Mapping[str, jax.Array]]
+DiagnosticsFn = Callable[[PyTree, PyTree, jax.Array, PyTree], Metrics]
 
 
 def make_eval_step(
@@ -24,13 +26,14 @@ def make_eval_step(
     Args:
       eval_fn: ``(params, batch) -> {name: per-example values [B]}`` (e.g. ``{"accuracy":
         argmax == label, "loss": per-example cross entropy}``).
-      devices: as in :func:`make_train_step`.
+      devices: devices to map over (default pmap's: every process's local devices).
 
     Returns:
       ``eval_step(params, batch, mask)`` with replicated ``params``, sharded ``batch`` and
-      ``mask [num_devices, B]`` (0 on padding, see :func:`~deqjax.data.eval_batches`); returns
-      all-device totals ``{name: Σ mask·value, "count": Σ mask}``, and for names ending in
-      ``_max`` the max over real examples. :func:`evaluate` turns them into means.
+      ``mask [num_devices, B]`` (0 on padding, see
+      :func:`~deqjax._src.data.batching.eval_batches`); returns all-device totals
+      ``{name: Σ mask·value, "count": Σ mask}``, and for names ending in ``_max`` the max over
+      real examples. :func:`evaluate` turns them into means.
     """
     if not callable(eval_fn):
         raise ValueError(f"eval_fn must be callable, got {type(eval_fn).__name__}.")
@@ -39,7 +42,7 @@ def make_eval_step(
         values = eval_fn(params, batch)
         out = {"count": jax.lax.psum(jnp.sum(mask), AXIS)}
         for name, v in values.items():
-            v = _as_float(jax.lax.stop_gradient(v))
+            v = as_float(jax.lax.stop_gradient(v))
             if v.shape != mask.shape:
                 raise ValueError(
                     f"eval_fn must return per-example values of shape {mask.shape}; "
@@ -68,7 +71,8 @@ def evaluate(
       eval_step: from :func:`make_eval_step`.
       params: replicated parameters (``state.params`` of the replicated train state).
       batches: ``(batch, mask)`` pairs of this process's shard, e.g. from
-        :func:`~deqjax.data.eval_batches` (the same number of batches on every process).
+        :func:`~deqjax._src.data.batching.eval_batches` (the same number of batches on every
+        process).
       devices: the devices ``eval_step`` maps over (default local ones).
 
     Returns:
@@ -93,3 +97,31 @@ def evaluate(
         k: float(v) if k.endswith("_max") or k == "count" else float(v) / max(count, 1.0)
         for k, v in host.items()
     }
+
+
+def make_diagnostics_step(
+    diagnostics_fn: DiagnosticsFn, *, devices: Sequence[jax.Device] | None = None
+) -> Callable[[TrainState, PyTree], Metrics]:
+    """Builds a pmapped ``(state, batch) -> metrics`` for occasional, costly monitors.
+
+    For diagnostics computed every k steps only (backward-solve residual, ‖J‖_F estimate,
+    spectral radius). Its key is derived from ``state.rng`` without advancing it, so running it or
+    not leaves training bit-identical.
+
+    Args:
+      diagnostics_fn: ``(params, batch, key, reg_state) -> {name: scalar}`` (reduced across
+        devices by the suffix rule of :func:`~deqjax.training.reduce_metrics`).
+      devices: as in :func:`make_eval_step`.
+
+    Raises:
+      ValueError: if ``diagnostics_fn`` is not callable.
+    """
+    if not callable(diagnostics_fn):
+        raise ValueError(f"diagnostics_fn must be callable, got {type(diagnostics_fn).__name__}.")
+
+    def step(state: TrainState, batch: PyTree) -> Metrics:
+        key = jax.random.fold_in(jax.random.fold_in(state.rng, 0x0D1A6), jax.lax.axis_index(AXIS))
+        metrics = diagnostics_fn(state.params, batch, key, state.reg_state)
+        return reduce_metrics(metrics, AXIS)
+
+    return jax.pmap(step, axis_name=AXIS, devices=devices)

@@ -1,8 +1,11 @@
-"""Data-parallel training and evaluation steps: ``jax.pmap`` over local devices, ``lax.pmean``.
+"""The train step as an optax-style pair of pure functions: ``init`` builds the state, ``update``
+takes one data-parallel optimizer step.
 
-The same step runs on one device, on N local devices and on N hosts (after
-:func:`~deqjax.training.initialize_distributed`): each process passes arrays whose leading axis is
-its local device count, and the collectives span every device of every process.
+``update`` runs on one device's share of the batch; :func:`~deqjax.training.fit` maps it over the
+local devices with ``jax.pmap`` (axis ``"batch"``, the axis :func:`~deqjax.training.replicate` and
+:func:`~deqjax.training.shard` lay arrays on), so the same step runs on one device, on N local
+devices and on N hosts (after :func:`~deqjax.training.initialize_distributed`): the collectives span
+every device of every process.
 
 Metric reduction across devices follows the metric's name: a key ending in ``_max`` is reduced
 with ``pmax``, ``_min`` with ``pmin``, ``_sum`` with ``psum``; every other key with ``pmean`` (a
@@ -28,7 +31,8 @@ RegUpdateFn = Callable[[PyTree, Metrics, jax.Array], PyTree]
 AXIS = DEVICE_AXIS
 
 
-def _as_float(x: jax.typing.ArrayLike) -> jax.Array:
+def as_float(x: jax.typing.ArrayLike) -> jax.Array:
+    """``x`` as an array of a floating dtype (integers and booleans become float32)."""
     x = jnp.asarray(x)
     return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.float32)
 
@@ -37,7 +41,7 @@ def reduce_metrics(metrics: Mapping[str, jax.Array], axis_name: str) -> Metrics:
     """Reduces scalar metrics over ``axis_name`` by the suffix rule of this module's docstring."""
     out = {}
     for name, value in metrics.items():
-        value = _as_float(jax.lax.stop_gradient(value))
+        value = as_float(jax.lax.stop_gradient(value))
         if name.endswith("_max"):
             out[name] = jax.lax.pmax(value, axis_name)
         elif name.endswith("_min"):
@@ -54,9 +58,11 @@ class TrainStep(NamedTuple):
 
     ``init(params, rng, *, reg_state=(), carry=()) -> TrainState`` (step 0, unreplicated);
     ``update(state, batch) -> (state, metrics)``: one optimizer step on one device's share of the
-    batch. Neither is mapped or jitted: :func:`~deqjax.training.fit` and
-    :func:`make_train_step` ``pmap`` ``update`` over devices (its collectives use
-    ``axis_name``); with ``axis_name=None`` it runs under plain ``jax.jit`` on one device.
+    batch. Neither is mapped or jitted: :func:`~deqjax.training.fit` maps ``update`` over devices
+    with ``jax.pmap`` (its collectives use ``axis_name``, ``"batch"`` by default). In a loop of
+    one's own, ``jax.pmap(pair.update, axis_name="batch")`` on a state placed with
+    :func:`~deqjax.training.replicate` and batches placed with :func:`~deqjax.training.shard` does
+    the same; with ``axis_name=None``, ``update`` runs under plain ``jax.jit`` on one device.
     """
 
     init: Callable[..., TrainState]
@@ -114,46 +120,35 @@ def train_step(
       (:func:`~deqjax.training.skip_nonfinite`) also ``"skipped_updates"`` (total) and
       ``"nonfinite_streak"`` (consecutive, 0 after a finite step); a non-finite loss then skips
       the update like a non-finite gradient, and the regularizer state is kept.
+
+    Raises:
+      ValueError: if ``loss_fn`` or ``update_reg_state`` is not callable.
+
+    Example:
+      >>> pair = train_step(loss_fn, optax.adam(1e-3), axis_name=None)
+      >>> state = pair.init(params, jax.random.PRNGKey(0))
+      >>> state, metrics = jax.jit(pair.update)(state, batch)
     """
     if not callable(loss_fn):
         raise ValueError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
     if update_reg_state is not None and not callable(update_reg_state):
         raise ValueError("update_reg_state must be callable or None.")
+    gradients = _gradient_fn(loss_fn, per_device_rng, axis_name, backward_stats, with_carry)
 
     def init(params: PyTree, rng: jax.Array, *, reg_state=(), carry=()) -> TrainState:
         return create_train_state(params, optimizer, rng, reg_state=reg_state, carry=carry)
 
-    def objective(*args):
-        if not with_carry:
-            return loss_fn(*args[:-1])
-        loss, metrics, carry = loss_fn(*args[:-1], carry=args[-1])
-        return loss, (metrics, carry)
-
     def update(state: TrainState, batch: PyTree) -> tuple[TrainState, Metrics]:
-        rng, step_key = jax.random.split(state.rng)
-        if per_device_rng and axis_name is not None:
-            step_key = jax.random.fold_in(step_key, jax.lax.axis_index(axis_name))
-        args = (state.params, batch, step_key, state.reg_state, state.step)
-        if backward_stats:  # the gradient channel of dq.BackwardStats: stats arrive as a gradient
-            grad_fn = jax.value_and_grad(objective, argnums=(0, 5), has_aux=True)
-            probe = implicit_diff.BackwardStats.zeros()
-            (loss, aux), (grads, stats) = grad_fn(*args, probe, state.carry)
-        else:
-            (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(*args, state.carry)
-            stats = None
-        metrics, carry = aux if with_carry else (aux, state.carry)
-        carry = jax.lax.stop_gradient(carry)
-        if stats is not None:
-            metrics = {**metrics, **stats.metrics()}
+        rng, loss, metrics, grads, carry = gradients(state, batch)
         if axis_name is not None:
             grads = jax.lax.pmean(grads, axis_name)
             metrics = reduce_metrics({"loss": loss, **metrics}, axis_name)
         else:
-            metrics = {k: _as_float(jax.lax.stop_gradient(v)) for k, v in metrics.items()}
-            metrics = {"loss": _as_float(jax.lax.stop_gradient(loss)), **metrics}
+            metrics = {k: as_float(jax.lax.stop_gradient(v)) for k, v in metrics.items()}
+            metrics = {"loss": as_float(jax.lax.stop_gradient(loss)), **metrics}
         metrics["grad_norm"] = optax.tree.norm(grads)
         if learning_rate_fn is not None:
-            metrics["learning_rate"] = _as_float(learning_rate_fn(state.step))
+            metrics["learning_rate"] = as_float(learning_rate_fn(state.step))
         skipping = isinstance(state.opt_state, optax.ApplyIfFiniteState)
         if skipping:
             # A non-finite loss skips the update even when its gradient is finite.
@@ -164,36 +159,71 @@ def train_step(
         reg_state = state.reg_state
         if update_reg_state is not None:
             reg_state = update_reg_state(reg_state, metrics, state.step)
-        if skipping:  # the update was skipped: the regularizer state and the carry stay too
-            ok = opt_state.last_finite
-            keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
-            reg_state = jax.tree_util.tree_map(keep, reg_state, state.reg_state)
-            carry = jax.tree_util.tree_map(keep, carry, state.carry)
-            metrics["skipped_updates"] = opt_state.total_notfinite.astype(jnp.float32)
-            metrics["nonfinite_streak"] = opt_state.notfinite_count.astype(jnp.float32)
+        if skipping:
+            reg_state, carry = _keep_if_skipped(opt_state, (reg_state, carry), state, metrics)
         new_state = TrainState(params, opt_state, rng, state.step + 1, reg_state, carry)
         return new_state, metrics
 
     return TrainStep(init=init, update=update)
 
 
-def make_train_step(
-    loss_fn: LossFn,
-    optimizer: optax.GradientTransformation,
-    *,
-    update_reg_state: RegUpdateFn | None = None,
-    learning_rate_fn: optax.Schedule | None = None,
-    per_device_rng: bool = True,
-    donate: bool = True,
-    devices: Sequence[jax.Device] | None = None,
-    backward_stats: bool = False,
-    with_carry: bool = False,
+def _gradient_fn(
+    loss_fn: Callable, per_device_rng: bool, axis_name: str | None, stats: bool, with_carry: bool
+) -> Callable[[TrainState, PyTree], tuple]:
+    """``(state, batch) -> (next rng, loss, metrics, grads, carry)``: one device's gradient.
+
+    The step key is split from ``state.rng`` (folded with the device index when
+    ``per_device_rng``); with ``stats`` the implicit backward solves' statistics arrive as the
+    gradient of a :class:`~deqjax.BackwardStats` probe and join the metrics.
+    """
+
+    def objective(*args):
+        if not with_carry:
+            return loss_fn(*args[:-1])
+        loss, metrics, carry = loss_fn(*args[:-1], carry=args[-1])
+        return loss, (metrics, carry)
+
+    def gradients(state: TrainState, batch: PyTree) -> tuple:
+        rng, step_key = jax.random.split(state.rng)
+        if per_device_rng and axis_name is not None:
+            step_key = jax.random.fold_in(step_key, jax.lax.axis_index(axis_name))
+        args = (state.params, batch, step_key, state.reg_state, state.step)
+        if stats:  # the gradient channel of dq.BackwardStats: stats arrive as a gradient
+            grad_fn = jax.value_and_grad(objective, argnums=(0, 5), has_aux=True)
+            probe = implicit_diff.BackwardStats.zeros()
+            (loss, aux), (grads, probe_grad) = grad_fn(*args, probe, state.carry)
+        else:
+            (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(*args, state.carry)
+        metrics, carry = aux if with_carry else (aux, state.carry)
+        if stats:
+            metrics = {**metrics, **probe_grad.metrics()}
+        return rng, loss, metrics, grads, jax.lax.stop_gradient(carry)
+
+    return gradients
+
+
+def _keep_if_skipped(
+    opt_state: optax.ApplyIfFiniteState, new: PyTree, state: TrainState, metrics: Metrics
+) -> PyTree:
+    """``new = (reg_state, carry)``, or the old ones where the update was skipped (non-finite).
+
+    Also logs the skip counters of ``optax.apply_if_finite`` into ``metrics`` (in place).
+    """
+    ok = opt_state.last_finite
+    old = (state.reg_state, state.carry)
+    kept = jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), new, old)
+    metrics["skipped_updates"] = opt_state.total_notfinite.astype(jnp.float32)
+    metrics["nonfinite_streak"] = opt_state.notfinite_count.astype(jnp.float32)
+    return kept
+
+
+def pmap_update(
+    pair: TrainStep, *, donate: bool = True, devices: Sequence[jax.Device] | None = None
 ) -> Callable[[TrainState, PyTree], tuple[TrainState, Metrics]]:
-    """The pmapped ``update`` of :func:`train_step`: ``(state, batch) -> (state, metrics)``.
+    """``jax.pmap`` of ``pair.update`` over the device axis: what :func:`fit` steps with.
 
     Args:
-      loss_fn, optimizer, update_reg_state, learning_rate_fn, per_device_rng, backward_stats,
-        with_carry: as in :func:`train_step`.
+      pair: the :class:`TrainStep` (built with the default ``axis_name``).
       donate: donate the input state's buffers to the output (do not reuse the input state).
       devices: devices to map over; default (None) pmap's: every process's local devices, with
         collectives spanning all processes. Pass a list only in a single-process run (a list of
@@ -202,52 +232,21 @@ def make_train_step(
     Returns:
       ``step_fn(state, batch)``: ``state`` replicated (:func:`~deqjax.training.replicate`),
       ``batch`` a pytree of ``[num_devices, per_device_batch, ...]`` arrays
-      (:func:`~deqjax.training.shard`). The metrics (see :func:`train_step`) stay on device:
-      fetch them with :func:`~deqjax.training.unreplicate` only when logging.
+      (:func:`~deqjax.training.shard`). The metrics stay on device: fetch them with
+      :func:`~deqjax.training.unreplicate` only when logging.
     """
-    pair = train_step(
-        loss_fn,
-        optimizer,
-        update_reg_state=update_reg_state,
-        learning_rate_fn=learning_rate_fn,
-        per_device_rng=per_device_rng,
-        backward_stats=backward_stats,
-        with_carry=with_carry,
-    )
-    return pmap_update(pair, donate=donate, devices=devices)
-
-
-def pmap_update(
-    pair: TrainStep, *, donate: bool = True, devices: Sequence[jax.Device] | None = None
-) -> Callable[[TrainState, PyTree], tuple[TrainState, Metrics]]:
-    """``jax.pmap`` of ``pair.update`` over the device axis (see :func:`make_train_step`)."""
     donate_argnums = (0,) if donate else ()
     return jax.pmap(pair.update, axis_name=AXIS, donate_argnums=donate_argnums, devices=devices)
 
 
-DiagnosticsFn = Callable[[PyTree, PyTree, jax.Array, PyTree], Metrics]
-
-
-def make_diagnostics_step(
-    diagnostics_fn: DiagnosticsFn, *, devices: Sequence[jax.Device] | None = None
-) -> Callable[[TrainState, PyTree], Metrics]:
-    """Builds a pmapped ``(state, batch) -> metrics`` for occasional, costly monitors.
-
-    For diagnostics computed every k steps only (backward-solve residual, ‖J‖_F estimate,
-    spectral radius). Its key is derived from ``state.rng`` without advancing it, so running it or
-    not leaves training bit-identical.
-
-    Args:
-      diagnostics_fn: ``(params, batch, key, reg_state) -> {name: scalar}`` (reduced across
-        devices by the suffix rule of :func:`reduce_metrics`).
-      devices: as in :func:`make_train_step`.
-    """
-    if not callable(diagnostics_fn):
-        raise ValueError(f"diagnostics_fn must be callable, got {type(diagnostics_fn).__name__}.")
-
-    def step(state: TrainState, batch: PyTree) -> Metrics:
-        key = jax.random.fold_in(jax.random.fold_in(state.rng, 0x0D1A6), jax.lax.axis_index(AXIS))
-        metrics = diagnostics_fn(state.params, batch, key, state.reg_state)
-        return reduce_metrics(metrics, AXIS)
-
-    return jax.pmap(step, axis_name=AXIS, devices=devices)
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    *,
+    donate: bool = True,
+    devices: Sequence[jax.Device] | None = None,
+    **options: Any,
+) -> Callable[[TrainState, PyTree], tuple[TrainState, Metrics]]:
+    """:func:`pmap_update` of ``train_step(loss_fn, optimizer, **options)`` (internal: loops of
+    the library's own, such as the harness's short sweep runs, that step without :func:`fit`)."""
+    return pmap_update(train_step(loss_fn, optimizer, **options), donate=donate, devices=devices)
