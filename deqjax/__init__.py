@@ -1,20 +1,23 @@
-"""deqjax: deep equilibrium models in JAX and Haiku.
+"""deqjax: deep equilibrium models in JAX.
 
 >>> import deqjax as dq
 >>> sol = dq.solvers.anderson(f, z0)                 # z = f(z), any pytree
 >>> z_star, sol = dq.fixed_point(f, params, x, z0)  # differentiable in params and x
+
+``import deqjax`` loads only JAX and numpy: the solvers, ``fixed_point``, the adjoints,
+``dq.jacobian``, ``dq.initializers``, ``dq.theory`` and ``dq.regularization``. The Haiku layer
+``dq.nn``, ``dq.models``, ``dq.training``, ``dq.data`` and ``dq.harness`` (with Haiku, optax, orbax,
+matplotlib) are imported on first use: ``dq.nn.DEQ`` and ``from deqjax import nn`` both work.
 """
 
+import importlib as _importlib
+
 from deqjax import (
-    data,
     initializers,
     jacobian,
-    models,
-    nn,
     regularization,
     solvers,
     theory,
-    training,
 )
 from deqjax._src.adjoints import (
     Adjoint,
@@ -36,6 +39,9 @@ from deqjax._src.shine import ShineAdjoint
 
 __version__ = "0.1.0"
 
+# Submodules that need Haiku, optax, orbax or matplotlib: imported on first attribute access.
+_LAZY_SUBMODULES = ("data", "harness", "models", "nn", "training")
+
 __all__ = [
     "Adjoint",
     "BackwardStats",
@@ -50,6 +56,7 @@ __all__ = [
     "correction_weights",
     "data",
     "fixed_point",
+    "harness",
     "initializers",
     "jacobian",
     "models",
@@ -60,3 +67,25 @@ __all__ = [
     "training",
     "uniform_sample_steps",
 ]
+
+
+def __getattr__(name: str):
+    """Imports a submodule of ``_LAZY_SUBMODULES`` on first access (PEP 562).
+
+    Raises:
+      AttributeError: for any other name, or a lazy submodule that is not installed.
+    """
+    if name not in _LAZY_SUBMODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        module = _importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise  # the submodule exists but one of its own imports is missing
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from e
+    globals()[name] = module
+    return module
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))

@@ -1,10 +1,12 @@
 """Haiku initializers drawing DEQ weights from random-matrix ensembles (init paper §2, §5.3).
 
-Each class is a thin ``hk.initializers.Initializer`` around a pure sampler of
-:mod:`deqjax._src.random_matrices`: ``__call__(shape, dtype)`` draws ``hk.next_rng_key()`` and calls
-the sampler. The reshape convention (``fan_in = prod(shape[:-1])``, matrix ``[fan_in, fan_out]``, so
+Each class is a plain object implementing Haiku's initializer protocol ``(shape, dtype) -> array``
+around a pure sampler of :mod:`deqjax._src.random_matrices`: ``__call__`` draws
+``hk.next_rng_key()`` and calls the sampler, so it works as the ``w_init=`` of any Haiku module.
+The reshape convention (``fan_in = prod(shape[:-1])``, matrix ``[fan_in, fan_out]``, so
 ``hk.Linear``, attention projections and conv kernels all work) and the scale convention
-``E[(1/n) tr(W W^T)] = scale**2`` are documented in that module.
+``E[(1/n) tr(W W^T)] = scale**2`` are documented in that module. Haiku is imported inside
+``__call__``: building an initializer, and importing this module, needs only JAX.
 
 Example:
   >>> linear = hk.Linear(256, w_init=dq.initializers.HaarOrthogonal(0.9))
@@ -15,13 +17,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import haiku as hk
 import jax
 
 from deqjax._src import random_matrices
 
 
-class _EnsembleInitializer(hk.initializers.Initializer):
+def _next_rng_key() -> jax.Array:
+    """Haiku's next key (inside ``hk.transform``); Haiku is imported here, on first use."""
+    import haiku as hk
+
+    return hk.next_rng_key()
+
+
+class _EnsembleInitializer:
     """Shared constructor: an eagerly validated ``scale``."""
 
     def __init__(self, scale: float = 1.0):
@@ -45,14 +53,14 @@ class Gaussian(_EnsembleInitializer):
     """
 
     def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
-        return random_matrices.gaussian(hk.next_rng_key(), shape, scale=self.scale, dtype=dtype)
+        return random_matrices.gaussian(_next_rng_key(), shape, scale=self.scale, dtype=dtype)
 
 
 class HaarOrthogonal(_EnsembleInitializer):
     """``scale`` times a Haar-random (semi-)orthogonal matrix (QR with sign correction).
 
     Square weights have every eigenvalue on ``|lambda| = scale``. Non-square: see
-    :func:`deqjax._src.random_matrices.haar_orthogonal`.
+    :func:`deqjax.initializers.haar_orthogonal`.
 
     Args:
       scale: ``(1/n) tr(W W^T) = scale**2`` (exactly, every draw); finite and ``>= 0``.
@@ -60,7 +68,7 @@ class HaarOrthogonal(_EnsembleInitializer):
 
     def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
         return random_matrices.haar_orthogonal(
-            hk.next_rng_key(), shape, scale=self.scale, dtype=dtype
+            _next_rng_key(), shape, scale=self.scale, dtype=dtype
         )
 
 
@@ -76,7 +84,7 @@ class GOE(_EnsembleInitializer):
     """
 
     def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
-        return random_matrices.goe(hk.next_rng_key(), shape, scale=self.scale, dtype=dtype)
+        return random_matrices.goe(_next_rng_key(), shape, scale=self.scale, dtype=dtype)
 
 
 class Antisymmetric(_EnsembleInitializer):
@@ -91,9 +99,7 @@ class Antisymmetric(_EnsembleInitializer):
     """
 
     def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
-        return random_matrices.antisymmetric(
-            hk.next_rng_key(), shape, scale=self.scale, dtype=dtype
-        )
+        return random_matrices.antisymmetric(_next_rng_key(), shape, scale=self.scale, dtype=dtype)
 
 
 class HaarNormal(_EnsembleInitializer):
@@ -102,7 +108,7 @@ class HaarNormal(_EnsembleInitializer):
 
     Args:
       eigenvalue_sampler: ``(key, n) -> [n]`` eigenvalues, real (symmetric result) or complex
-        (conjugate pairs; see :func:`deqjax._src.random_matrices.haar_normal`).
+        (conjugate pairs; see :func:`deqjax.initializers.haar_normal`).
       scale: finite and ``>= 0``; each draw is normalised to ``(1/n) tr(W W^T) = scale**2``
         unless ``normalize=False``.
       normalize: rescale each draw's eigenvalues to unit mean square before applying ``scale``.
@@ -131,7 +137,7 @@ class HaarNormal(_EnsembleInitializer):
 
     def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
         return random_matrices.haar_normal(
-            hk.next_rng_key(),
+            _next_rng_key(),
             shape,
             self.eigenvalue_sampler,
             scale=self.scale,

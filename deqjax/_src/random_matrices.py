@@ -1,5 +1,9 @@
 """Random-matrix ensembles as pure functions of a PRNG key (no Haiku).
 
+Every sampler is ``sampler(key, shape, *, scale=1.0, dtype=None)`` (``haar_normal`` takes its
+eigenvalue sampler after the shape): the key first and then the shape, as in ``jax.random``; the
+law's parameters are keyword-only.
+
 These are the samplers behind :mod:`deqjax.initializers` (the Haiku wrappers) and the Monte-Carlo
 checks of :mod:`deqjax.theory`. Init paper (Agarwala & Schoenholz, "Deep equilibrium networks are
 sensitive to initialization statistics"), §2.1.2 and §5.3.
