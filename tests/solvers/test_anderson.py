@@ -14,8 +14,8 @@ from tests.helpers.solver_problems import assert_solutions_equal, noncontractive
 def test_history_of_one_is_damped_iteration(beta):
     """m = 1 mixes one iterate with weight 1: x + beta (f(x) - x), damped iteration's step."""
     a, x = noncontractive_problem(d=6, seed=3)
-    f = tanh_map(0.5 * jnp.asarray(a), jnp.asarray(x))
-    kw = dict(tol=1e-10, max_steps=40)
+    f = tanh_map(0.3 * jnp.asarray(a), jnp.asarray(x))
+    kw = dict(tol=1e-10, max_steps=60)
     anderson = solvers.anderson(f, jnp.zeros(6), m=1, beta=beta, **kw)
     damped = solvers.fixed_point_iteration(f, jnp.zeros(6), damping=beta, **kw)
     assert int(anderson.status) == solvers.CONVERGED

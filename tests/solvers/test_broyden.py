@@ -85,10 +85,13 @@ def test_hard_case_broyden_memory_10_converges_within_100_steps():
 
 
 def test_return_inverse_puts_the_estimate_in_the_solution():
-    """return_inverse puts a BroydenInverse in the Solution (rows: max_steps with memory=None)."""
+    """return_inverse puts a BroydenInverse in the Solution: ``memory`` rows, or with
+    ``memory=None`` ``max_steps`` rounded up to whole blocks of 16 (read block by block)."""
     a = jnp.asarray([[0.3, 0.1], [-0.2, 0.4]])
     f = lambda z: a @ z + 1.0  # noqa: E731
     sol = solvers.Broyden(tol=1e-12, stop_mode="abs", return_inverse=True)(f, jnp.zeros(2))
     assert isinstance(sol.inverse_estimate, solvers.BroydenInverse)
     assert solvers.Broyden()(f, jnp.zeros(2)).inverse_estimate is None
-    assert sol.inverse_estimate.valid.shape == (50,)
+    assert sol.inverse_estimate.valid.shape == (64,)
+    limited = solvers.Broyden(tol=1e-12, memory=5, return_inverse=True)(f, jnp.zeros(2))
+    assert limited.inverse_estimate.valid.shape == (5,)
