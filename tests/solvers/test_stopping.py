@@ -185,7 +185,7 @@ def test_mixed_stop_mode_reaches_zero_fixed_point(name):
 
 
 def _rule(divergence_factor, slack, max_steps=10, stop_mode="abs"):
-    return stopping.Rule(1e-6, stop_mode, 0.0, divergence_factor, slack, max_steps, 0)
+    return stopping.StoppingRule(1e-6, stop_mode, 0.0, divergence_factor, slack, max_steps, 0)
 
 
 def _judge(rule, book, value, fvalue, **kw):

@@ -100,7 +100,7 @@ class Anderson(driver.DriverSolver):
         if not checks.check_real(self.lam, "lam") >= 0.0:
             raise ValueError(f"lam must be >= 0, got {self.lam}.")
 
-    def rule(self, problem: Problem) -> driver.Rule:
+    def rule(self, problem: Problem) -> driver.ProposalRule:
         m, beta, lam = self.m, self.beta, self.lam
         z0, bn, batch_shape = problem.z0, problem.batch_ndim, problem.batch_shape
         lead = (1,) * bn  # explicit broadcasting of [m]-shaped masks (rank promotion may be strict)
@@ -146,7 +146,7 @@ class Anderson(driver.DriverSolver):
             jnp.zeros(batch_shape + (m, m), problem.rdtype),
             (tree.tree_zeros_like(z0), tree.tree_zeros_like(z0)) if bn else (),
         )
-        return driver.Rule(propose, state0)
+        return driver.ProposalRule(propose, state0)
 
 
 def anderson(f: Callable[[PyTree], PyTree], z0: PyTree, /, **options) -> Solution:

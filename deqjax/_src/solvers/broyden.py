@@ -335,7 +335,7 @@ class Broyden(driver.DriverSolver):
             rdtype=problem.rdtype,
         )
 
-    def rule(self, problem: Problem) -> driver.Rule:
+    def rule(self, problem: Problem) -> driver.ProposalRule:
         lay = self._layout(problem)
         z0, bn = problem.z0, problem.batch_ndim
         zeros = tree.tree_zeros_like(z0)
@@ -356,7 +356,7 @@ class Broyden(driver.DriverSolver):
             return _propose(lay, s, k, x, gx)
 
         finish = (lambda end: _inverse(lay, end)) if self.return_inverse else None
-        return driver.Rule(propose, state0, finish=finish)
+        return driver.ProposalRule(propose, state0, finish=finish)
 
 
 def broyden(f: Callable[[PyTree], PyTree], z0: PyTree, /, **options) -> Solution:

@@ -6,11 +6,12 @@ A fixed-point solver in deqjax is a *proposal rule* run by :func:`solve`. Each i
 unless the problem stopped asks the rule for ``x_{k+1}``. So ``num_steps`` is exactly the number of
 evaluations of ``f``, and no solver holds stopping logic of its own.
 
-A rule (:class:`Rule`) is a function ``propose(state, k, x, f(x), f(x) - x) -> (x_{k+1}, state)``
-and its initial state. A solver that must remember more about its best iterate than the iterate
-itself (the reversible solver keeps the pair ``(x_{k-1}, x_k)`` and ``k``, and checkpoints) adds a
-``track`` hook, called with each step's judgement, and a ``finish`` hook that turns what it kept
-into extra fields of the :class:`~deqjax.solvers.Solution`.
+A rule (:class:`ProposalRule`) is a function
+``propose(state, k, x, f(x), f(x) - x) -> (x_{k+1}, state)`` and its initial state. A solver that
+must remember more about its best iterate than the iterate itself (the reversible solver keeps the
+pair ``(x_{k-1}, x_k)`` and ``k``, and checkpoints) adds a ``track`` hook, called with each step's
+judgement, and a ``finish`` hook that turns what it kept into extra fields of the
+:class:`~deqjax.solvers.Solution`.
 
 Batches (``batch_ndim = n``): the leading ``n`` axes of every leaf of ``z0`` index independent
 problems. One loop runs while any problem is running; ``f`` is evaluated on the whole batch once per
@@ -51,7 +52,7 @@ class LoopEnd(NamedTuple):
     value: PyTree  # the best iterate
 
 
-class Rule(NamedTuple):
+class ProposalRule(NamedTuple):
     """A proposal rule and its optional hooks.
 
     Attributes:
@@ -125,7 +126,7 @@ def _fill_samples(
     return jax.tree_util.tree_map(fill, samples, value)
 
 
-def _body(problem: Problem, options: DriverOptions, rule: Rule, sample_ids: Any):
+def _body(problem: Problem, options: DriverOptions, rule: ProposalRule, sample_ids: Any):
     """The loop body: one evaluation of ``f``, its judgement, the rule's proposal."""
     srule = stopping.fixed_point_rule(options)
     bn = problem.batch_ndim
@@ -154,7 +155,7 @@ def _body(problem: Problem, options: DriverOptions, rule: Rule, sample_ids: Any)
     return body_fun
 
 
-def solve(problem: Problem, options: DriverOptions, rule: Rule) -> Solution:
+def solve(problem: Problem, options: DriverOptions, rule: ProposalRule) -> Solution:
     """Runs a proposal rule on the bounded loop and assembles the :class:`Solution`.
 
     ``options.sample_steps``: record the iterate evaluated at loop step ``s`` (``x_s``,
@@ -209,7 +210,7 @@ def solve(problem: Problem, options: DriverOptions, rule: Rule) -> Solution:
 class DriverSolver(DriverOptions):
     """A solver run by the driver: a subclass declares its fields and its :meth:`rule`."""
 
-    def rule(self, problem: Problem) -> Rule:
+    def rule(self, problem: Problem) -> ProposalRule:
         """The proposal rule for ``problem`` with this object's settings."""
         raise NotImplementedError
 

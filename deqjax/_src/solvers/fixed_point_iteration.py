@@ -39,14 +39,14 @@ class FixedPointIteration(driver.DriverSolver):
         if not 0.0 < checks.check_real(self.damping, "damping") <= 1.0:
             raise ValueError(f"damping must be in (0, 1], got {self.damping}.")
 
-    def rule(self, problem: Problem) -> driver.Rule:
+    def rule(self, problem: Problem) -> driver.ProposalRule:
         damping = self.damping
 
         def propose(state, k, x, fx, gx):
             del k, fx
             return tree.tree_axpy(damping, gx, x), state
 
-        return driver.Rule(propose, ())
+        return driver.ProposalRule(propose, ())
 
 
 def fixed_point_iteration(f: Callable[[PyTree], PyTree], z0: PyTree, /, **options) -> Solution:

@@ -92,7 +92,7 @@ def _operators(fn: Callable, z0: PyTree, b: PyTree, needs_transpose: bool) -> tu
     return matvec, lambda v: vjp_a(v)[0]
 
 
-def _chunk_step(problem: Problem, rule: stopping.Rule, method: _Method, operators, b):
+def _chunk_step(problem: Problem, rule: stopping.StoppingRule, method: _Method, operators, b):
     """The loop body: one chunk of the method, then its true residual judged."""
     bn, rdtype = problem.batch_ndim, problem.rdtype
     inf = jnp.asarray(jnp.inf, rdtype)

@@ -153,7 +153,7 @@ class Reversible(driver.DriverSolver):
         checks.check_bool(self.return_state, "return_state")
         check_checkpoint_every(self.checkpoint_every)
 
-    def rule(self, problem: Problem) -> driver.Rule:
+    def rule(self, problem: Problem) -> driver.ProposalRule:
         beta = check_beta(self.beta)
 
         def propose(prev, k, x, fx, gx):
@@ -162,10 +162,10 @@ class Reversible(driver.DriverSolver):
             return _relax(beta, prev, fx), x
 
         if not self.return_state:
-            return driver.Rule(propose, problem.z0)
+            return driver.ProposalRule(propose, problem.z0)
         every = self.checkpoint_every
         n_checkpoints = self.max_steps // every if every else 0
-        return driver.Rule(
+        return driver.ProposalRule(
             propose,
             problem.z0,
             track=functools.partial(_track, every, n_checkpoints, problem.batch_ndim),

@@ -63,7 +63,7 @@ _REL_EPS = 1e-30
 BEST_ABS, BEST_REL, BEST_RES, MIN_ABS = range(4)
 
 
-class Rule(NamedTuple):
+class StoppingRule(NamedTuple):
     """The static settings of the stopping rule (made by :func:`fixed_point_rule` or
     :func:`krylov_rule` from a solver's options).
 
@@ -92,21 +92,21 @@ def _scale_floor(tol: float, stop_mode: str, atol: float | None) -> float:
     return (tol if atol is None else atol) / tol if stop_mode == "mixed" else 0.0
 
 
-def fixed_point_rule(options: Any) -> Rule:
+def fixed_point_rule(options: Any) -> StoppingRule:
     """The full rule for a fixed-point solver's options (``tol``, ``stop_mode``, ``atol``,
     ``divergence_factor``, ``max_steps``, ``batch_ndim``)."""
     o = options
     floor = _scale_floor(o.tol, o.stop_mode, o.atol)
-    return Rule(
+    return StoppingRule(
         o.tol, o.stop_mode, floor, o.divergence_factor, _BEST_ABS_SLACK, o.max_steps, o.batch_ndim
     )
 
 
-def krylov_rule(options: Any) -> Rule:
+def krylov_rule(options: Any) -> StoppingRule:
     """The rule of a Krylov solve: no divergence test, the best iterate is the lowest residual."""
     o = options
     floor = _scale_floor(o.tol, o.stop_mode, o.atol)
-    return Rule(o.tol, o.stop_mode, floor, None, None, o.max_steps, o.batch_ndim)
+    return StoppingRule(o.tol, o.stop_mode, floor, None, None, o.max_steps, o.batch_ndim)
 
 
 class Book(NamedTuple):
@@ -173,7 +173,9 @@ class Residuals(NamedTuple):
     finite: jax.Array  # f(x) and the residuals are finite
 
 
-def residuals(x: PyTree, fx: PyTree, gx: PyTree, rule: Rule, rdtype: jnp.dtype) -> Residuals:
+def residuals(
+    x: PyTree, fx: PyTree, gx: PyTree, rule: StoppingRule, rdtype: jnp.dtype
+) -> Residuals:
     """The residuals of ``fx = f(x)`` (``gx = fx - x``) by the rule's ``stop_mode``.
 
     Residuals steer the loop but are not differentiated (sqrt has no derivative at 0).
@@ -207,7 +209,9 @@ class StepUpdate(NamedTuple):
     residuals: Residuals  # of this evaluation
 
 
-def _status(r: Residuals, min_abs: jax.Array, out_of_steps: jax.Array, rule: Rule) -> jax.Array:
+def _status(
+    r: Residuals, min_abs: jax.Array, out_of_steps: jax.Array, rule: StoppingRule
+) -> jax.Array:
     """CONVERGED / NONFINITE / DIVERGED / MAX_STEPS / RUNNING, in this order of precedence."""
     status = jnp.where(out_of_steps, MAX_STEPS, RUNNING)
     if rule.divergence_factor is not None:
@@ -241,7 +245,7 @@ def judge(
     fx: PyTree,
     gx: PyTree,
     book: Book,
-    rule: Rule,
+    rule: StoppingRule,
     *,
     start: jax.Array,
     count: int = 1,
