@@ -1,68 +1,55 @@
-"""Forward solvers for ``z = f(z)`` over any pytree; batch with ``jax.vmap``.
+"""Forward solvers for ``z = f(z)`` over any pytree; each returns a :class:`Solution`.
 
-``gmres``, ``bicgstab`` and ``normal_cg`` are Krylov solvers for an AFFINE ``f`` (the implicit
-backward ``u = g + Jᵀu``, e.g. ``dq.ImplicitAdjoint(solver=dq.solvers.gmres)``), built on
-``jax.scipy.sparse.linalg``.
+A solver is a frozen, hashable object called as ``solver(f, z0)``: ``FixedPointIteration``,
+``Anderson``, ``Broyden``, ``Reversible`` (run by the driver, on a ``while``, ``scan`` or
+``python`` loop), and ``GMRES``, ``BiCGStab``, ``NormalCG`` (Krylov solvers for an AFFINE ``f``,
+e.g. the implicit backward ``u = g + Jᵀu``). Each has a function form taking the same settings as
+keywords (``anderson(f, z0, tol=1e-6)`` is ``Anderson(tol=1e-6)(f, z0)``); :func:`as_solver` turns
+a function, a ``functools.partial`` or a user's own callable into an object.
 
-Each solver returns a :class:`Solution` whose ``value`` is the lowest-residual iterate seen.
-
-Solvers as data: ``FixedPointIteration``, ``Anderson``, ``Broyden``, ``Reversible``, ``GMRES``,
-``BiCGStab`` and ``NormalCG`` are frozen, hashable dataclasses whose fields are the functions'
-keywords (``to_dict`` and :func:`from_dict` for configs; :func:`describe` reads any solver's
-settings).
+``solver.to_dict()`` and :func:`from_dict` store and rebuild a solver (a run's config);
+``solver.replace(...)`` makes a variant. :func:`status_name` names a status code and
 :func:`summarize` turns a Solution into a metrics dict.
 """
 
-from deqjax._src.linear_solvers import bicgstab, gmres, normal_cg
-from deqjax._src.solvers.anderson import anderson
-from deqjax._src.solvers.base import (
+from deqjax._src.normalise import as_solver
+from deqjax._src.solvers.anderson import Anderson, anderson
+from deqjax._src.solvers.base import Solver
+from deqjax._src.solvers.broyden import Broyden, BroydenInverse, broyden
+from deqjax._src.solvers.fixed_point_iteration import FixedPointIteration, fixed_point_iteration
+from deqjax._src.solvers.krylov import GMRES, BiCGStab, NormalCG, bicgstab, gmres, normal_cg
+from deqjax._src.solvers.registry import from_dict
+from deqjax._src.solvers.reversible import Reversible, ReversibleState, reversal_error, reversible
+from deqjax._src.solvers.solution import (
     CONVERGED,
     DIVERGED,
     MAX_STEPS,
     NONFINITE,
-    STATUS_NAMES,
     Solution,
-    SolverFn,
     status_name,
-)
-from deqjax._src.solvers.broyden import BroydenInverse, broyden
-from deqjax._src.solvers.fixed_point_iteration import fixed_point_iteration
-from deqjax._src.solvers.reversible import reversal_error, reversible
-from deqjax._src.solvers.solver_objects import (
-    GMRES,
-    Anderson,
-    BiCGStab,
-    Broyden,
-    FixedPointIteration,
-    NormalCG,
-    Reversible,
-    Solver,
-    describe,
-    from_dict,
 )
 from deqjax._src.solvers.summary import summarize
 
 __all__ = [
+    "CONVERGED",
+    "DIVERGED",
     "GMRES",
+    "MAX_STEPS",
+    "NONFINITE",
     "Anderson",
     "BiCGStab",
     "Broyden",
-    "CONVERGED",
-    "DIVERGED",
+    "BroydenInverse",
     "FixedPointIteration",
-    "MAX_STEPS",
-    "NONFINITE",
     "NormalCG",
     "Reversible",
-    "STATUS_NAMES",
+    "ReversibleState",
     "Solution",
     "Solver",
-    "SolverFn",
-    "BroydenInverse",
     "anderson",
+    "as_solver",
     "bicgstab",
     "broyden",
-    "describe",
     "fixed_point_iteration",
     "from_dict",
     "gmres",

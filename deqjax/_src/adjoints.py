@@ -17,22 +17,24 @@ from typing import Any, Callable
 
 import jax
 
-from deqjax._src import checks, implicit_diff, linear_solvers, tree
-from deqjax._src.solvers import base, solver_objects
+from deqjax._src import checks, implicit_diff, tree
+from deqjax._src.normalise import as_solver
+from deqjax._src.solvers import base, krylov
+from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
 CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
 
 
-def _stop_statistics(sol: base.Solution, z_star: PyTree) -> base.Solution:
+def _stop_statistics(sol: Solution, z_star: PyTree) -> Solution:
     """The Solution returned to users: value = z_star (differentiable), statistics detached."""
     stats = jax.lax.stop_gradient(sol._replace(value=()))
     return stats._replace(value=z_star)
 
 
 def _solve_without_gradient(
-    f: CellFn, solver: base.SolverFn, params: PyTree, x: PyTree, z0: PyTree
-) -> base.Solution:
+    f: CellFn, solver: base.Solver, params: PyTree, x: PyTree, z0: PyTree
+) -> Solution:
     """The forward solve on gradient-free inputs, for strategies whose gradient comes from
     elsewhere: no tangent enters the solver loop, so it runs once under ``grad`` (a loop carrying
     tangents is linearised and can be re-run in the backward pass; with an effect in ``f``, e.g.
@@ -59,13 +61,13 @@ class Adjoint:
     def solve(
         self,
         f: CellFn,
-        solver: base.SolverFn,
+        solver: base.Solver,
         params: PyTree,
         x: PyTree,
         z0: PyTree,
         *,
         backward_stats: implicit_diff.BackwardStats | None = None,
-    ) -> tuple[PyTree, base.Solution]:
+    ) -> tuple[PyTree, Solution]:
         """Runs the forward solve and attaches this strategy's gradient to its result.
 
         ``backward_stats``: the :class:`~deqjax.BackwardStats` probe; strategies without a
@@ -77,14 +79,14 @@ class Adjoint:
 _FALLBACK_MIN_STEPS = 24  # one GMRES cycle of restart 20 plus its bookkeeping evaluations
 
 
-def _solver_defaults(solver: base.SolverFn) -> dict[str, Any]:
+def _solver_defaults(solver: base.Solver) -> dict[str, Any]:
     """The ``tol``/``stop_mode``/``atol``/``max_steps`` a solver (object, function or partial)
     runs with."""
-    settings = solver_objects.describe(solver)
+    settings = as_solver(solver).to_dict()
     return {k: settings[k] for k in ("tol", "stop_mode", "atol", "max_steps") if k in settings}
 
 
-def default_fallback(backward_solver: base.SolverFn) -> base.SolverFn:
+def default_fallback(backward_solver: base.Solver) -> base.Solver:
     """GMRES with the backward solver's ``tol``/``stop_mode``/``atol``, ``max(2 max_steps, 24)``.
 
     What ``ImplicitAdjoint(fallback="gmres")`` runs: the same convergence test as the first
@@ -95,7 +97,7 @@ def default_fallback(backward_solver: base.SolverFn) -> base.SolverFn:
     """
     kw = _solver_defaults(backward_solver)
     kw["max_steps"] = max(2 * int(kw.get("max_steps", 50)), _FALLBACK_MIN_STEPS)
-    return functools.partial(linear_solvers.gmres, **kw)
+    return functools.partial(krylov.gmres, **kw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,8 +159,8 @@ class ImplicitAdjoint(Adjoint):
       >>> stats.metrics()  # {"bwd_steps": ..., "bwd_rel_residual": ..., ...}
     """
 
-    solver: base.SolverFn | None = None
-    fallback: base.SolverFn | str | None = "gmres"
+    solver: base.Solver | None = None
+    fallback: base.Solver | str | None = "gmres"
     on_failure: str = "best"
     fallback_factor: float = 10.0
 
@@ -176,7 +178,7 @@ class ImplicitAdjoint(Adjoint):
                 f"on_failure must be one of {implicit_diff.ON_FAILURE}, got {self.on_failure!r}."
             )
 
-    def backward_config(self, forward_solver: base.SolverFn) -> implicit_diff.BackwardConfig:
+    def backward_config(self, forward_solver: base.Solver) -> implicit_diff.BackwardConfig:
         """The resolved backward (solver, fallback, on_failure) for a given forward solver."""
         backward = forward_solver if self.solver is None else self.solver
         fallback = self.fallback
@@ -271,10 +273,10 @@ class UnrolledAdjoint(Adjoint):
 
     def solve(self, f, solver, params, x, z0, *, backward_stats=None):
         del backward_stats  # no backward solve
-        if not base.accepts_loop_kind(solver):
+        if "scan" not in as_solver(solver).loop_kinds:
             raise ValueError(
                 "UnrolledAdjoint needs a solver that accepts loop='scan' (the deqjax solvers and "
                 f"functools.partial objects of them do); got {solver!r}."
             )
-        sol = solver(lambda z: f(params, x, z), z0, loop="scan")
+        sol = as_solver(solver).replace(loop="scan")(lambda z: f(params, x, z), z0)
         return sol.value, _stop_statistics(sol, sol.value)

@@ -9,6 +9,7 @@ import jax
 from deqjax._src import adjoints, implicit_diff, tree
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers import base
+from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
 CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
@@ -74,11 +75,11 @@ def fixed_point(
     x: PyTree,
     z0: PyTree,
     *,
-    solver: base.SolverFn = anderson_lib.anderson,
+    solver: base.Solver = anderson_lib.anderson,
     adjoint: adjoints.Adjoint | None = None,
     has_aux: bool = False,
     backward_stats: implicit_diff.BackwardStats | None = None,
-) -> tuple[PyTree, base.Solution]:
+) -> tuple[PyTree, Solution]:
     """Solves ``z* = f(params, x, z*)`` and makes ``z*`` differentiable in ``params`` and ``x``.
 
     The forward pass runs ``solver`` on ``z ↦ f(params, x, z)`` from ``z0``; the backward pass is

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks, tree
-from deqjax._src.solvers import base
+from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
 
@@ -65,7 +65,7 @@ def _split_samples(samples: PyTree, n: int, axis: int) -> list[PyTree]:
 
 def correction_states(
     cell_fn: Callable[[PyTree], PyTree],
-    solution: base.Solution,
+    solution: Solution,
     *,
     gradient: str = "phantom",
     steps: int = 1,

@@ -26,7 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import tree
+from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import base
+from deqjax._src.solvers.solution import CONVERGED, DIVERGED, MAX_STEPS, NONFINITE, Solution
 
 PyTree = Any
 CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
@@ -92,13 +94,14 @@ class BackwardStats(NamedTuple):
         }
 
 
-def call_solver(solver: base.SolverFn, h: Callable, u0: PyTree, batch_ndim: int) -> base.Solution:
+def call_solver(solver: base.Solver, h: Callable, u0: PyTree, batch_ndim: int) -> Solution:
     """``solver(h, u0)``, with ``batch_ndim=`` passed when it is nonzero and the solver takes it.
 
     A solver without the keyword solves a batched ``u0`` as one problem (whole-batch stopping).
     """
-    if batch_ndim and base.accepts_batch_ndim(solver):
-        return solver(h, u0, batch_ndim=batch_ndim)
+    solver = as_solver(solver)
+    if batch_ndim and solver.batch_native:
+        return solver.replace(batch_ndim=batch_ndim)(h, u0)
     return solver(h, u0)
 
 
@@ -108,10 +111,10 @@ def backward_solve(
     x: PyTree,
     z_star: PyTree,
     cotangent: PyTree,
-    solver: base.SolverFn,
+    solver: base.Solver,
     *,
     batch_ndim: int = 0,
-) -> base.Solution:
+) -> Solution:
     """Solves ``u = g + J_f(z*)ᵀ u`` for the adjoint ``u`` (DEQ paper, Eq. 11), VJPs only.
 
     One solve with ``solver``, started from ``u0 = g``, so its lowest-residual iterate is never
@@ -147,7 +150,7 @@ class AdjointResult(NamedTuple):
     """What :func:`solve_adjoint` returns."""
 
     u: PyTree  # the adjoint used for the gradient (after the failure policy)
-    solution: base.Solution  # combined statistics (see solve_adjoint)
+    solution: Solution  # combined statistics (see solve_adjoint)
     stats: BackwardStats  # summed over problems, in float32
 
 
@@ -158,8 +161,8 @@ def solve_adjoint(
     z_star: PyTree,
     cotangent: PyTree,
     *,
-    solver: base.SolverFn,
-    fallback: base.SolverFn | None,
+    solver: base.Solver,
+    fallback: base.Solver | None,
     on_failure: str,
     batch_ndim: int = 0,
     fallback_above: float = 0.0,
@@ -188,9 +191,9 @@ def solve_adjoint(
     h = _adjoint_map(f, params, x, z_star, cotangent)
     first = call_solver(solver, h, cotangent, batch_ndim)
     best_res = jnp.min(first.trace, axis=-1)  # the solver's own residual measure
-    need = (first.status == base.DIVERGED) | (first.status == base.NONFINITE)
+    need = (first.status == DIVERGED) | (first.status == NONFINITE)
     stalled = ~(best_res <= fallback_above) & ~(first.rel_residual <= forward_rel_residual)
-    need = need | ((first.status == base.MAX_STEPS) & stalled)
+    need = need | ((first.status == MAX_STEPS) & stalled)
     summary = (first.value, first.num_steps, first.abs_residual, first.rel_residual, first.status)
     if fallback is not None:
 
@@ -216,7 +219,7 @@ def solve_adjoint(
                 jnp.where(need, a, b) for a, b in zip(fb[1:], summary[1:])
             )
     value, num_steps, abs_res, rel_res, status = summary
-    failed = status != base.CONVERGED
+    failed = status != CONVERGED
     if on_failure == "best":
         u = value
     elif on_failure == "nan":
@@ -243,8 +246,8 @@ def solve_adjoint(
 class BackwardConfig(NamedTuple):
     """The static configuration of the implicit backward (hashable)."""
 
-    solver: base.SolverFn
-    fallback: base.SolverFn | None
+    solver: base.Solver
+    fallback: base.Solver | None
     on_failure: str
     fallback_above: float = 0.0  # MAX_STEPS solves whose residual is at most this skip the fallback
 
@@ -252,13 +255,13 @@ class BackwardConfig(NamedTuple):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def implicit_fixed_point(
     f: CellFn,
-    solver: base.SolverFn,
+    solver: base.Solver,
     backward: BackwardConfig,
     params: PyTree,
     x: PyTree,
     z0: PyTree,
     probe: BackwardStats | None,
-) -> tuple[PyTree, base.Solution]:
+) -> tuple[PyTree, Solution]:
     """Forward solve of ``z = f(params, x, z)`` with implicit gradients in ``params`` and ``x``.
 
     ``z0`` receives a zero gradient (the fixed point does not depend on where the solve starts);

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from deqjax._src import adjoints, checks, implicit_diff, tree
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers import base
+from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
 MapFn = Callable[[PyTree], PyTree]
@@ -196,10 +197,10 @@ def backward_convergence(
     z_star: PyTree,
     cotangent: PyTree,
     *,
-    solver: base.SolverFn = anderson_lib.anderson,
-    fallback: base.SolverFn | str | None = None,
+    solver: base.Solver = anderson_lib.anderson,
+    fallback: base.Solver | str | None = None,
     batch_ndim: int = 0,
-) -> base.Solution:
+) -> Solution:
     """Runs the backward solve ``uᵀ = uᵀ J_f(z*) + g`` (JR paper, Eq. 2) and returns its statistics.
 
     The same solve :class:`deqjax.ImplicitAdjoint` runs inside the VJP of

@@ -20,8 +20,10 @@ import inspect
 from typing import Any, Callable
 
 from deqjax._src import checks
-from deqjax._src.solvers import base, solver_objects
 from deqjax._src.solvers import loop as loop_lib
+from deqjax._src.solvers import registry
+from deqjax._src.solvers.base import Solver
+from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
 
@@ -41,7 +43,7 @@ def accepts_keyword(fn: Callable[..., Any], keyword: str) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class CustomSolver(solver_objects.Solver):
+class CustomSolver(Solver):
     """A user's own solver callable ``(f, z0) -> Solution``, with what it declares read once.
 
     Made by :func:`as_solver`; there is no need to build one by hand. ``batch_native`` and
@@ -58,7 +60,7 @@ class CustomSolver(solver_objects.Solver):
       max_steps, tol, stop_mode, atol: what a partial binds, else ``None``.
     """
 
-    fn: Callable[..., base.Solution] = None  # type: ignore[assignment]
+    fn: Callable[..., Solution] = None  # type: ignore[assignment]
     keywords: frozenset = frozenset()
     batch_ndim: int = 0
     loop: str | None = None
@@ -84,7 +86,7 @@ class CustomSolver(solver_objects.Solver):
     def loop_kinds(self) -> tuple[str, ...]:  # type: ignore[override]
         return loop_lib.LOOP_KINDS if "loop" in self.keywords else ()
 
-    def __call__(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> base.Solution:
+    def __call__(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
         kwargs: dict[str, Any] = {}
         if self.batch_ndim:
             kwargs["batch_ndim"] = self.batch_ndim
@@ -99,10 +101,7 @@ class CustomSolver(solver_objects.Solver):
         return {"solver": name, **settings} if with_name else settings
 
 
-_BY_FUNCTION = {cls.function: cls for cls in solver_objects.registry().values()}
-
-
-def as_solver(solver: Any, *, name: str = "solver") -> solver_objects.Solver:
+def as_solver(solver: Any, *, name: str = "solver") -> Solver:
     """``solver`` as a solver object: the normalisation every entry point applies once.
 
     * a solver object (``dq.solvers.Anderson(...)``, any :class:`~deqjax.solvers.Solver`): as is;
@@ -120,21 +119,21 @@ def as_solver(solver: Any, *, name: str = "solver") -> solver_objects.Solver:
 
     Raises:
       ValueError: ``solver`` is not callable, or a partial binds keywords the solver lacks.
+
+    Example:
+      >>> dq.solvers.as_solver(functools.partial(dq.solvers.anderson, tol=1e-3))
+      Anderson(max_steps=50, tol=0.001, ...)
     """
-    if isinstance(solver, solver_objects.Solver):
+    if isinstance(solver, Solver):
         return solver
     if isinstance(solver, functools.partial) and not solver.args:
         inner = as_solver(solver.func, name=name)
         if not isinstance(inner, CustomSolver):
             try:
                 return inner.replace(**solver.keywords)
-            except TypeError as err:  # dataclasses.replace: an unknown field
-                fields = sorted(inner.to_dict(with_name=False))
-                raise ValueError(
-                    f"{name}: {type(inner).__name__} has no keyword among "
-                    f"{sorted(solver.keywords)} (its fields: {fields})."
-                ) from err
-    cls = _BY_FUNCTION.get(solver) if _hashable(solver) else None
+            except ValueError as err:
+                raise ValueError(f"{name}: {err}") from err
+    cls = registry.BY_FUNCTION.get(solver) if _hashable(solver) else None
     if cls is not None:
         return cls()
     if not callable(solver):

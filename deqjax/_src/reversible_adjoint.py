@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from typing import Any, Callable
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deqjax._src import adjoints, tree
+from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import reversible as reversible_lib
 
 PyTree = Any
@@ -162,14 +162,7 @@ _reversed.defvjp(_reversed_fwd, _reversed_bwd)
 def _accepts_return_state(solver: Callable[..., Any]) -> bool:
     """Whether ``solver`` takes ``return_state=``: the reversible function, a partial of it, a
     solver object whose ``function`` takes it, or a callable with ``**kwargs``."""
-    target = getattr(solver, "function", solver)  # solver objects name the function they call
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return False
-    return "return_state" in params or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
-    )
+    return "return_state" in as_solver(solver).to_dict(with_name=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,7 +226,9 @@ class ReversibleAdjoint(adjoints.Adjoint):
 
         p_sg, x_sg = stop(params), stop(x)
         extra = {} if self.checkpoint_every is None else {"checkpoint_every": self.checkpoint_every}
-        sol = solver(lambda z: f(p_sg, x_sg, z), stop(z0), return_state=True, **extra)
+        sol = as_solver(solver).replace(return_state=True, **extra)(
+            lambda z: f(p_sg, x_sg, z), stop(z0)
+        )
         state = getattr(sol, "reversible_state", None)
         if not isinstance(state, reversible_lib.ReversibleState):
             raise ValueError(

@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from deqjax._src import adjoints, checks, implicit_diff, tree
+from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import base
 from deqjax._src.solvers import broyden as broyden_lib
+from deqjax._src.solvers.solution import CONVERGED, Solution
 
 PyTree = Any
 CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
@@ -45,21 +46,11 @@ CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
 def _accepts_return_inverse(solver: Callable[..., Any]) -> bool:
     """Whether ``solver`` takes ``return_inverse=`` (a solver object by its fields, else by its
     signature: ``dq.solvers.broyden`` and ``functools.partial`` objects of it)."""
-    to_dict = getattr(solver, "to_dict", None)
-    if callable(to_dict):
-        try:
-            return "return_inverse" in to_dict(with_name=False)
-        except TypeError:
-            pass
-    try:
-        params = inspect.signature(solver).parameters
-    except (TypeError, ValueError):
-        return False
-    return "return_inverse" in params
+    return "return_inverse" in as_solver(solver).to_dict(with_name=False)
 
 
-def _solve_with_inverse(solver: base.SolverFn, fz: Callable, z0: PyTree) -> base.Solution:
-    sol = solver(fz, z0, return_inverse=True)
+def _solve_with_inverse(solver: base.Solver, fz: Callable, z0: PyTree) -> Solution:
+    sol = as_solver(solver).replace(return_inverse=True)(fz, z0)
     if not isinstance(getattr(sol, "inverse_estimate", None), broyden_lib.BroydenInverse):
         raise ValueError(
             "ShineAdjoint: the forward solver returned no Broyden inverse estimate "
@@ -72,13 +63,13 @@ def _solve_with_inverse(solver: base.SolverFn, fz: Callable, z0: PyTree) -> base
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _shine_fixed_point(
     f: CellFn,
-    solver: base.SolverFn,
+    solver: base.Solver,
     config: tuple,
     params: PyTree,
     x: PyTree,
     z0: PyTree,
     probe: implicit_diff.BackwardStats | None,
-) -> tuple[PyTree, base.Solution]:
+) -> tuple[PyTree, Solution]:
     del config, probe
     sol = _solve_with_inverse(solver, lambda z: f(params, x, z), z0)
     return sol.value, sol._replace(inverse_estimate=None)
@@ -161,7 +152,7 @@ def _bwd(f, solver, config, residuals, cotangents):
                 count=count,
                 num_steps=jnp.sum(steps + jnp.where(poor, sol.num_steps, 0).astype(f32)),
                 rel_residual=jnp.sum(jnp.where(poor, sol.rel_residual, rel_res).astype(f32)),
-                failures=jnp.sum((poor & (sol.status != base.CONVERGED)).astype(f32)),
+                failures=jnp.sum((poor & (sol.status != CONVERGED)).astype(f32)),
                 fallbacks=jnp.sum(poor.astype(f32)),
             )
             return gp, gx, stats

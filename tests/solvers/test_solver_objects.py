@@ -1,10 +1,10 @@
-"""Solvers as data (``dq.solvers.Anderson`` & co.), ``dq.solvers.summarize``, declared capabilities,
-and the forward solve running once per call."""
+"""Solver objects at the entry points: the adjoints and the DEQ take them like the function forms.
 
-import dataclasses
+(Integration tests of ``dq.fixed_point``, the adjoints and ``dq.nn.DEQ`` with solver objects; they
+belong with the tests of those modules.)
+"""
+
 import functools
-import inspect
-import json
 
 import haiku as hk
 import jax
@@ -13,135 +13,6 @@ import numpy as np
 import pytest
 
 import deqjax as dq
-from deqjax._src.solvers import base
-
-OBJECTS = {
-    dq.solvers.FixedPointIteration: dq.solvers.fixed_point_iteration,
-    dq.solvers.Anderson: dq.solvers.anderson,
-    dq.solvers.Broyden: dq.solvers.broyden,
-    dq.solvers.Reversible: dq.solvers.reversible,
-    dq.solvers.GMRES: dq.solvers.gmres,
-    dq.solvers.BiCGStab: dq.solvers.bicgstab,
-    dq.solvers.NormalCG: dq.solvers.normal_cg,
-}
-
-
-def _affine(d=5, seed=0):
-    a = 0.5 * jax.random.normal(jax.random.PRNGKey(seed), (d, d)) / np.sqrt(d)
-    b = jnp.arange(d, dtype=jnp.float64) / d
-    return lambda z: a @ z + b, jnp.zeros(d)
-
-
-@pytest.mark.parametrize("cls", list(OBJECTS), ids=lambda c: c.__name__)
-def test_fields_are_the_function_keywords_and_a_call_is_the_function_call(cls):
-    fn = OBJECTS[cls]
-    keywords = {
-        p.name: p.default
-        for p in inspect.signature(fn).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    }
-    assert cls().to_dict(with_name=False) == keywords
-    f, z0 = _affine()
-    got = cls(max_steps=30, tol=1e-9)(f, z0)
-    want = fn(f, z0, max_steps=30, tol=1e-9)
-    np.testing.assert_array_equal(got.value, want.value)
-    np.testing.assert_array_equal(got.num_steps, want.num_steps)
-
-
-def test_objects_are_frozen_hashable_printable_and_round_trip_through_json():
-    s = dq.solvers.Anderson(m=3, tol=1e-6, max_steps=20)
-    assert s == dq.solvers.Anderson(m=3, tol=1e-6, max_steps=20) != dq.solvers.Anderson(m=4)
-    assert hash(s) == hash(dq.solvers.Anderson(m=3, tol=1e-6, max_steps=20))
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        s.m = 4
-    assert repr(s).startswith("Anderson(max_steps=20, tol=1e-06") and "m=3" in repr(s)
-    d = json.loads(json.dumps(s.to_dict()))
-    assert d["solver"] == "Anderson" and d["m"] == 3
-    assert dq.solvers.from_dict(d) == s
-    assert dq.solvers.from_dict(dq.training.to_python(s)) == s  # a run's config.json entry
-    sampled = dq.solvers.Anderson(max_steps=8, sample_steps=(2, 4))
-    back = dq.solvers.from_dict(json.loads(json.dumps(sampled.to_dict())))  # tuple -> list -> tuple
-    assert back == sampled and hash(back) == hash(sampled)
-    assert s.replace(tol=1e-3).tol == 1e-3 and s.tol == 1e-6
-    with pytest.raises(ValueError, match="config"):
-        dq.solvers.from_dict({"solver": "Newton"})
-
-
-def test_jit_keys_on_the_object_by_value():
-    traces = []
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def run(solver, z0):
-        traces.append(solver)
-        return solver(jnp.cos, z0).value
-
-    run(dq.solvers.Anderson(tol=1e-6), jnp.array(1.0))
-    z = run(dq.solvers.Anderson(tol=1e-6), jnp.array(1.0))  # an equal object: no retrace
-    assert len(traces) == 1
-    np.testing.assert_allclose(z, 0.7390851332, rtol=1e-5)
-    run(dq.solvers.Anderson(tol=1e-8), jnp.array(1.0))
-    assert len(traces) == 2
-
-
-@pytest.mark.parametrize(
-    "cls, field, value",
-    [
-        (dq.solvers.Anderson, "m", 0),
-        (dq.solvers.Anderson, "tol", -1.0),
-        (dq.solvers.Broyden, "memory", True),
-        (dq.solvers.FixedPointIteration, "damping", 2.0),
-        (dq.solvers.FixedPointIteration, "loop", "for"),
-        (dq.solvers.Anderson, "batch_ndim", -1),
-        (dq.solvers.GMRES, "restart", 0),
-    ],
-)
-def test_bad_fields_fail_at_construction_naming_the_field(cls, field, value):
-    with pytest.raises(ValueError, match=field):
-        cls(**{field: value})
-
-
-def test_call_overrides_and_their_errors():
-    f, z0 = _affine()
-    s = dq.solvers.Anderson(tol=1e-9)
-    batched = s(lambda z: z @ jnp.eye(5) * 0.5 + 1.0, jnp.zeros((3, 5)), batch_ndim=1)
-    assert batched.status.shape == (3,)
-    assert s(f, z0, loop="scan").value.shape == (5,)
-    with pytest.raises(ValueError, match="unknown keyword"):
-        s(f, z0, restart=3)
-    with pytest.raises(ValueError, match="unknown keyword"):
-        dq.solvers.GMRES()(f, z0, loop="scan")
-
-
-def test_capabilities_are_declared_and_inspection_is_the_fallback():
-    anderson, gmres = dq.solvers.Anderson(), dq.solvers.GMRES()
-    assert anderson.loop_kinds == ("while", "scan", "python") and anderson.batch_native
-    assert gmres.loop_kinds == () and gmres.batch_native
-    assert base.accepts_loop_kind(anderson) and not base.accepts_loop_kind(gmres)
-    assert base.accepts_loop_kind(functools.partial(anderson, tol=1e-3))
-    assert base.accepts_batch_ndim(functools.partial(gmres, tol=1e-3))
-
-    def mine(f, z0):  # a user's solver: inspected, declares nothing
-        return dq.solvers.anderson(f, z0)
-
-    assert not base.accepts_loop_kind(mine) and not base.accepts_batch_ndim(mine)
-    assert base.accepts_loop_kind(dq.solvers.broyden)
-
-
-def test_describe_reads_objects_functions_and_partials():
-    assert dq.solvers.describe(dq.solvers.Broyden(memory=4))["memory"] == 4
-    d = dq.solvers.describe(functools.partial(dq.solvers.anderson, tol=1e-3))
-    assert d["solver"] == "anderson" and d["tol"] == 1e-3 and d["m"] == 5
-    d = dq.solvers.describe(functools.partial(dq.solvers.Anderson(m=2), batch_ndim=1))
-    assert d["solver"] == "Anderson" and d["m"] == 2 and d["batch_ndim"] == 1
-    assert dq.solvers.describe(lambda f, z0: None) == {"solver": "<lambda>"}
-
-
-def test_an_object_shows_its_settings_to_signature_inspection():
-    """inspect.signature of an object (or a partial of one) is its function's, with the object's
-    values as defaults: code that inspects solvers sees what the object runs with."""
-    sig = inspect.signature(functools.partial(dq.solvers.Broyden(memory=3), tol=1e-3))
-    assert sig.parameters["memory"].default == 3 and sig.parameters["tol"].default == 1e-3
-    assert "return_inverse" in sig.parameters  # ShineAdjoint's check passes through the partial
 
 
 @pytest.mark.parametrize(
@@ -235,21 +106,3 @@ def test_deq_with_a_solver_object_is_batch_native():
     z, sol = t.apply(params, None, x)
     assert z.shape == (3, 6) and sol.status.shape == (3,) and sol.trace.shape == (3, 40)
     assert np.all(np.asarray(sol.status) == dq.solvers.CONVERGED)
-
-
-def test_summarize_is_jit_safe_and_counts_statuses():
-    sol = dq.solvers.Solution(
-        value=jnp.zeros((4, 2)),
-        num_steps=jnp.array([3, 5, 7, 9], jnp.int32),
-        abs_residual=jnp.array([1e-6, 2e-6, 1.0, jnp.inf]),
-        rel_residual=jnp.array([1e-7, 1e-7, 0.5, jnp.nan]),
-        trace=jnp.zeros((4, 9)),
-        status=jnp.array([0, 0, 2, 3], jnp.int32),
-    )
-    m = jax.jit(functools.partial(dq.solvers.summarize, prefix="fwd/"))(sol)
-    assert float(m["fwd/nfe"]) == 6.0 and float(m["fwd/nfe_max"]) == 9.0
-    assert float(m["fwd/converged"]) == 0.5 and float(m["fwd/diverged"]) == 0.25
-    assert float(m["fwd/nonfinite"]) == 0.25 and float(m["fwd/max_steps"]) == 0.0
-    assert all(v.dtype == jnp.float32 and v.shape == () for v in m.values())
-    single = dq.solvers.summarize(dq.solvers.anderson(jnp.cos, jnp.array(1.0), tol=1e-8))
-    assert float(single["converged"]) == 1.0 and float(single["nfe"]) >= 2

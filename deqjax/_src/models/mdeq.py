@@ -43,12 +43,12 @@ from deqjax._src.models import jr_aux
 from deqjax._src.nn import deq as deq_lib
 from deqjax._src.nn import multiscale_cell, norms
 from deqjax._src.solvers import anderson as anderson_lib
-from deqjax._src.solvers import base, solver_objects, summary
+from deqjax._src.solvers import base, summary
 
 PyTree = Any
 
 
-def budget_solver(budget: int, *, tol: float, m: int = 5) -> base.SolverFn:
+def budget_solver(budget: int, *, tol: float, m: int = 5) -> base.Solver:
     """The inference solver of budget ``budget``: Anderson with ``max_steps = budget`` (module
     docstring); the head reads ``f(z_best)``, so the prediction depends on ``≤ budget``
     evaluations of the cell.
@@ -57,7 +57,7 @@ def budget_solver(budget: int, *, tol: float, m: int = 5) -> base.SolverFn:
       ValueError: if ``budget`` is not an int ``>= 1``.
     """
     checks.check_positive_int(budget, "budget")
-    return solver_objects.Anderson(max_steps=budget, tol=tol, m=m)
+    return anderson_lib.Anderson(max_steps=budget, tol=tol, m=m)
 
 
 def grid_pool(z: jax.Array, grid: int) -> jax.Array:
@@ -119,8 +119,8 @@ class MDEQClassifier(hk.Module):
         dropout_rate: float = 0.0,
         stem_stride: int = 2,
         head_grid: int = 4,
-        solver: base.SolverFn | None = None,
-        eval_solver: base.SolverFn | None = None,
+        solver: base.Solver | None = None,
+        eval_solver: base.Solver | None = None,
         adjoint: adjoints.Adjoint | None = None,
         regularizer: jr_lib.JacobianRegularizer | None = None,
         name: str | None = None,

@@ -34,6 +34,7 @@ from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src.nn import deq as deq_lib
 from deqjax._src.nn import mlp_cell
 from deqjax._src.solvers import base
+from deqjax._src.solvers.solution import CONVERGED
 from deqjax._src.solvers.summary import summarize
 
 INIT_FAMILIES = {
@@ -80,7 +81,7 @@ class MLPClassifier(hk.Module):
         hidden: int | None = None,
         cell_form: str = "resnet",
         w_init: hk.initializers.Initializer | None = None,
-        solver: base.SolverFn | None = None,
+        solver: base.Solver | None = None,
         adjoint: Any = None,
         per_example: bool | str = True,
         name: str | None = None,
@@ -145,7 +146,7 @@ def classifier_fns(
     make_model: Callable[[], MLPClassifier],
     *,
     regularizer: jr_lib.JacobianRegularizer | None = None,
-    backward_solver: base.SolverFn | None = None,
+    backward_solver: base.Solver | None = None,
     diag_probes: int = 2,
     diag_power_steps: int = 30,
 ) -> ClassifierFns:
@@ -195,7 +196,7 @@ def classifier_fns(
             "nfe_max": nfe,
             "rel_residual": rel,
             "rel_residual_max": rel,
-            "converged": (sol.status == base.CONVERGED).astype(jnp.float32),
+            "converged": (sol.status == CONVERGED).astype(jnp.float32),
         }
 
     def diagnostics_fn(images, labels, key):

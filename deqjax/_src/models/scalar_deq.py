@@ -20,7 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from deqjax._src import checks, jacobian
+from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import base
+from deqjax._src.solvers.solution import CONVERGED, Solution
 
 Params = dict[str, jax.Array]
 
@@ -83,14 +85,14 @@ class ScalarDEQ:
         """``∂f/∂z`` at each ``(x, z)``: ``[B]`` (the Jacobian of a scalar DEQ)."""
         return jax.vmap(jax.grad(self.cell, argnums=2), in_axes=(None, 0, 0))(params, xs, zs)
 
-    def solve(self, params: Params, xs: jax.Array, solver: base.SolverFn) -> base.Solution:
+    def solve(self, params: Params, xs: jax.Array, solver: base.Solver) -> Solution:
         """Per-example solves of ``z = f(z; x)`` from ``z = 0``, no gradient (a monitor).
 
         Batch-native (``batch_ndim=1``): one loop for the batch, each example stopping on its own.
         """
         params = jax.lax.stop_gradient(params)
         f = lambda z: self.batch_cell(params, xs, z)  # noqa: E731
-        return solver(f, jnp.zeros(xs.shape, jnp.float32), batch_ndim=1)
+        return as_solver(solver).replace(batch_ndim=1)(f, jnp.zeros(xs.shape, jnp.float32))
 
 
 def jr_fig5_metrics(
@@ -99,11 +101,11 @@ def jr_fig5_metrics(
     xs: jax.Array,
     ys: jax.Array,
     *,
-    forward: base.SolverFn,
-    backward: base.SolverFn,
-    tight: base.SolverFn,
+    forward: base.Solver,
+    backward: base.Solver,
+    tight: base.Solver,
     eval_fpi: Any,
-    eval_broyden: base.SolverFn,
+    eval_broyden: base.Solver,
 ) -> dict[str, jax.Array]:
     """The JR paper's Fig. 5 table for one run on ``(xs, ys)`` (jit-able, no gradient).
 
@@ -123,7 +125,7 @@ def jr_fig5_metrics(
             model.cell, params, x, zz, gg, solver=backward
         )
     )(xs, z, g)
-    conv_f = sf.status == base.CONVERGED
+    conv_f = sf.status == CONVERGED
     f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
     return {
         "val_mse": jnp.mean((s6.value - ys) ** 2),
@@ -142,7 +144,7 @@ def plot_jr_fig5(
     params: dict[str, Params],
     path: str,
     *,
-    solver: base.SolverFn,
+    solver: base.Solver,
     x_range: tuple[float, float] = (-2.0, 2.0),
     x_slice: float = -1.0,
     linear_sign: int = -1,

@@ -103,8 +103,10 @@ import jax.numpy as jnp
 
 from deqjax._src import adjoints, tree
 from deqjax._src import fixed_point as fixed_point_lib
+from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import anderson as anderson_lib
-from deqjax._src.solvers import base, solver_objects
+from deqjax._src.solvers import base
+from deqjax._src.solvers.solution import MAX_STEPS, Solution
 
 PyTree = Any
 Cell = Callable[..., PyTree]
@@ -195,27 +197,27 @@ class DEQOutput(NamedTuple):
     """
 
     z_star: PyTree
-    solution: base.Solution
+    solution: Solution
     cell_fn: Callable[[PyTree], PyTree]
     f_star: PyTree = None
 
 
-def _unsolved(shapes: base.Solution, value: PyTree) -> base.Solution:
+def _unsolved(shapes: Solution, value: PyTree) -> Solution:
     """A Solution shaped like ``shapes`` for "no solve ran": 0 steps, +inf residuals, MAX_STEPS."""
     full = lambda s, v: jnp.full(s.shape, v, s.dtype)  # noqa: E731
-    return base.Solution(
+    return Solution(
         value=value,
         num_steps=full(shapes.num_steps, 0),
         abs_residual=full(shapes.abs_residual, jnp.inf),
         rel_residual=full(shapes.rel_residual, jnp.inf),
         trace=full(shapes.trace, jnp.inf),
-        status=full(shapes.status, base.MAX_STEPS),
+        status=full(shapes.status, MAX_STEPS),
         f_value=value,
         samples=_unsolved_samples(shapes, value),
     )
 
 
-def _unsolved_samples(shapes: base.Solution, value: PyTree) -> PyTree:
+def _unsolved_samples(shapes: Solution, value: PyTree) -> PyTree:
     """``Solution.samples`` of "no solve ran" (solver given ``sample_steps``): ``value`` each."""
     if shapes.samples is None:
         return None
@@ -251,14 +253,14 @@ def _batch_size(tree_: PyTree, name: str) -> int:
 _NATIVE, _VMAP, _WHOLE = "native", "vmap", "whole_batch"
 
 
-def _mode_of(per_example: bool | str, solver: base.SolverFn) -> str:
+def _mode_of(per_example: bool | str, solver: base.Solver) -> str:
     """The batching mode a solve runs in: ``per_example=True`` is batch-native when ``solver``
     takes ``batch_ndim`` and falls back to ``"vmap"`` (same results) when it does not."""
     if per_example is False:
         return _WHOLE
     if per_example == _VMAP:
         return _VMAP
-    return _NATIVE if base.accepts_batch_ndim(solver) else _VMAP
+    return _NATIVE if as_solver(solver).batch_native else _VMAP
 
 
 @contextlib.contextmanager
@@ -340,9 +342,9 @@ class DEQ(hk.Module):
         self,
         cell: Cell,
         *,
-        solver: base.SolverFn = anderson_lib.anderson,
+        solver: base.Solver = anderson_lib.anderson,
         adjoint: adjoints.Adjoint | None = None,
-        eval_solver: base.SolverFn | None = None,
+        eval_solver: base.Solver | None = None,
         per_example: bool | str = True,
         init_state: Callable[[PyTree], PyTree] | None = None,
         solve_at_init: bool = False,
@@ -387,7 +389,7 @@ class DEQ(hk.Module):
         *,
         is_training: bool = True,
         backward_stats: Any = None,
-    ) -> tuple[PyTree, base.Solution]:
+    ) -> tuple[PyTree, Solution]:
         """Solves for the equilibrium; always returns ``(z_star, solution)``.
 
         Args:
@@ -414,7 +416,7 @@ class DEQ(hk.Module):
         solver = self.solver if is_training else self.eval_solver
         mode = _mode_of(self.per_example, solver)
         if mode == _NATIVE:  # one loop for the batch, each example stopping on its own
-            solver = solver_objects.with_batch_ndim(solver, 1)
+            solver = as_solver(solver).replace(batch_ndim=1)
         adjoint = self.adjoint
         cell = self.cell
         pass_is_training = self._pass_is_training

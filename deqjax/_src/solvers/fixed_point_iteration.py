@@ -1,56 +1,66 @@
-"""Damped fixed-point (Picard) iteration: ``z_{k+1} = (1 - damping) z_k + damping f(z_k)``."""
+"""Damped fixed-point (Picard) iteration: ``z_{k+1} = (1 - damping) z_k + damping f(z_k)``.
+
+Converges when ``f`` is a contraction (Banach); ``damping < 1`` (Krasnosel'skii–Mann averaging)
+can also tame maps whose Jacobian has eigenvalues near -1, at the price of slower steps.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
-from deqjax._src import tree
-from deqjax._src.solvers import base
+from deqjax._src import checks, tree
+from deqjax._src.solvers import driver
+from deqjax._src.solvers.problem import Problem
+from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
 
 
-def fixed_point_iteration(
-    f: Callable[[PyTree], PyTree],
-    z0: PyTree,
-    *,
-    max_steps: int = 50,
-    tol: float = 1e-4,
-    stop_mode: str = "rel",
-    damping: float = 1.0,
-    divergence_factor: float = 1e4,
-    loop: str = "while",
-    atol: float | None = None,
-    batch_ndim: int = 0,
-    sample_steps: tuple[int, ...] | None = None,
-) -> base.Solution:
-    """Solves ``z = f(z)`` by damped fixed-point iteration.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FixedPointIteration(driver.DriverSolver):
+    """Damped fixed-point iteration ``z <- (1 - damping) z + damping f(z)`` as a solver object.
 
-    Converges when ``f`` is a contraction (Banach); ``damping < 1`` (Krasnosel'skii–Mann averaging)
-    can also tame maps whose Jacobian has eigenvalues near -1, at the price of slower steps.
+    Fields: those of :class:`~deqjax._src.solvers.options.Options` and
+    :class:`~deqjax._src.solvers.options.DriverOptions`, and
+
+    Attributes:
+      damping: the step, in ``(0, 1]`` (1: plain iteration).
+
+    Example:
+      >>> sol = dq.solvers.FixedPointIteration(tol=1e-6)(jnp.cos, jnp.array(1.0))
+      >>> sol.value  # 0.739085...
+    """
+
+    damping: float = 1.0
+
+    def check(self) -> None:
+        super().check()
+        if not 0.0 < checks.check_real(self.damping, "damping") <= 1.0:
+            raise ValueError(f"damping must be in (0, 1], got {self.damping}.")
+
+    def rule(self, problem: Problem) -> driver.ProposalRule:
+        damping = self.damping
+
+        def propose(state, k, x, fx, gx):
+            del k, fx
+            return tree.tree_axpy(damping, gx, x), state
+
+        return driver.ProposalRule(propose, ())
+
+
+def fixed_point_iteration(f: Callable[[PyTree], PyTree], z0: PyTree, /, **options) -> Solution:
+    """Solves ``z = f(z)`` by damped fixed-point iteration, ``FixedPointIteration(**options)``.
 
     Args:
-      f: the map ``Z -> Z`` over any pytree of float arrays.
+      f: the map ``Z -> Z`` over any pytree of float arrays (``(z, aux)`` with ``has_aux``).
       z0: initial iterate.
-      max_steps: maximum number of evaluations of ``f``.
-      tol: stop when the residual (by ``stop_mode``) is ``<= tol``.
-      stop_mode: ``"abs"`` for ``||f(z) - z||``, ``"rel"`` for ``||f(z) - z|| / ||f(z)||``, or
-        ``"mixed"`` for ``||f(z) - z|| <= atol + tol * ||z||`` (see :mod:`deqjax.solvers`).
-      damping: the step ``z <- (1 - damping) z + damping f(z)``, in ``(0, 1]``.
-      divergence_factor: stop with ``DIVERGED`` when the absolute residual exceeds this multiple
-        of the lowest absolute residual seen (in every ``stop_mode``).
-      loop: ``"while"`` (default), ``"scan"`` (reverse-differentiable) or ``"python"`` (debugging).
-      atol: absolute tolerance of ``stop_mode="mixed"`` (``None``: equal to ``tol``).
-      batch_ndim: the number of leading axes of every leaf of ``z0`` that index independent
-        problems, solved together in one loop with per-problem stopping (0: one problem).
-      sample_steps: ``None``, or loop steps ``s`` in ``[0, max_steps]`` whose iterates ``x_s``
-        are returned in ``Solution.samples`` (for the fixed-point correction loss; see
-        :func:`deqjax.correction_states`).
+      **options: the fields of :class:`~deqjax.solvers.FixedPointIteration` (``max_steps=50``,
+        ``tol=1e-4``, ``stop_mode="rel"``, ``damping=1.0``, ...).
 
     Returns:
       A :class:`~deqjax.solvers.Solution` (fields with the leading batch axes under
-      ``batch_ndim``); its value is the best iterate (lowest residual, not blown up: see
-      ``deqjax._src.solvers.base``) and its ``f_value`` is ``f(value)``.
+      ``batch_ndim``); its value is the best iterate and its ``f_value`` is ``f(value)``.
 
     Raises:
       ValueError: for invalid arguments (named in the message).
@@ -59,36 +69,4 @@ def fixed_point_iteration(
       >>> sol = fixed_point_iteration(jnp.cos, jnp.array(1.0), tol=1e-6)
       >>> sol.value  # 0.739085...
     """
-    z0 = base.check_common_args(
-        f,
-        z0,
-        max_steps=max_steps,
-        tol=tol,
-        stop_mode=stop_mode,
-        loop=loop,
-        atol=atol,
-        batch_ndim=batch_ndim,
-    )
-    if not 0.0 < damping <= 1.0:
-        raise ValueError(f"damping must be in (0, 1], got {damping}.")
-    if not divergence_factor > 1.0:
-        raise ValueError(f"divergence_factor must be > 1, got {divergence_factor}.")
-
-    def propose(aux, k, x, fx, gx):
-        del k, fx
-        return tree.tree_axpy(damping, gx, x), aux
-
-    return base.solve(
-        f,
-        z0,
-        propose=propose,
-        aux0=(),
-        max_steps=max_steps,
-        tol=tol,
-        stop_mode=stop_mode,
-        loop=loop,
-        divergence_factor=divergence_factor,
-        atol=atol,
-        batch_ndim=batch_ndim,
-        sample_steps=sample_steps,
-    )
+    return FixedPointIteration(**options)(f, z0)

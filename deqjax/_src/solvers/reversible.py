@@ -32,22 +32,21 @@ degrades more slowly (the cotangent reaching old iterates shrinks too) but in fl
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks, tree
-from deqjax._src.solvers import base
-from deqjax._src.solvers import loop as loop_lib
+from deqjax._src.solvers import driver, stopping
+from deqjax._src.solvers.problem import Problem
+from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
 
 # The paper's code uses beta = 0.8 in its examples, tests and image-classification runs.
 DEFAULT_BETA = 0.8
-
-# The status of a problem still running (the shared driver's; base.step_update judges each step).
-_RUNNING = base._RUNNING
 
 
 @jax.tree_util.register_dataclass
@@ -75,21 +74,6 @@ class ReversibleState:
     checkpoint_every: int | None = dataclasses.field(default=None, metadata={"static": True})
 
 
-class _Carry(NamedTuple):
-    k: jax.Array  # int32 []: loop iterations done, shared by every problem
-    prev: PyTree  # w_{k-1}
-    cur: PyTree  # w_k, the next iterate to evaluate
-    best_prev: PyTree
-    best_cur: PyTree
-    best_fx: PyTree  # f(best_cur)
-    best_k: jax.Array  # int32 [*batch]: index of best_cur in its problem's sequence
-    stats: jax.Array  # [*batch, 4]: best's abs, rel and stop_mode residual; lowest abs seen
-    counts: jax.Array  # int32 [*batch, 2]: status, num_steps
-    trace: jax.Array  # [*batch, max_steps]
-    checkpoints: Any  # () or (prev rows, cur rows) with leaves [*batch, n_checkpoints, ...]
-    samples: Any  # () or, with sample_steps, leaves [*batch, n_samples, ...]
-
-
 def check_beta(beta: Any) -> float:
     """``beta`` as a float; ``ValueError`` unless it is a number in ``(0, 1)`` or ``(1, 2)``."""
     if isinstance(beta, (bool, str)):
@@ -109,6 +93,11 @@ def check_beta(beta: Any) -> float:
     return value
 
 
+def check_checkpoint_every(checkpoint_every: Any) -> None:
+    """``ValueError`` unless ``checkpoint_every`` is ``None`` or an int ``>= 1``."""
+    checks.check_int(checkpoint_every, "checkpoint_every", allow_none=True)
+
+
 def _relax(beta: float, prev: PyTree, fx: PyTree) -> PyTree:
     """``(1 - β) prev + β f(w_k)``: the forward step (``β`` a Python float, weakly typed)."""
     return jax.tree_util.tree_map(lambda p, v: (1.0 - beta) * p + beta * v, prev, fx)
@@ -119,51 +108,28 @@ def unrelax(beta: float, nxt: PyTree, fx: PyTree) -> PyTree:
     return jax.tree_util.tree_map(lambda n, v: (n - beta * v) / (1.0 - beta), nxt, fx)
 
 
-def reversible(
-    f: Callable[[PyTree], PyTree],
-    z0: PyTree,
-    *,
-    beta: float = DEFAULT_BETA,
-    max_steps: int = 50,
-    tol: float = 1e-4,
-    stop_mode: str = "rel",
-    divergence_factor: float = 1e4,
-    loop: str = "while",
-    atol: float | None = None,
-    batch_ndim: int = 0,
-    return_state: bool = False,
-    checkpoint_every: int | None = None,
-    sample_steps: tuple[int, ...] | None = None,
-) -> base.Solution:
-    """Solves ``z = f(z)`` by the reversible (coupled, relaxed) fixed-point iteration.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Reversible(driver.DriverSolver):
+    """The reversible (coupled, relaxed) fixed-point iteration, as a solver object.
 
     McCallum, Arora and Foster (2025), the reversible scheme: ``y_{n+1} = (1-β) y_n + β
     f(z_n)``, ``z_{n+1} = (1-β) z_n + β f(y_{n+1})`` from ``y_0 = z_0``, run here as the
     interleaved sequence ``w_{k+1} = (1-β) w_{k-1} + β f(w_k)``, ``w_{-1} = w_0 = z_0`` (see
     the module docstring). Every evaluated iterate, ``y`` or ``z``, is a candidate: the solve stops
     at the first whose residual meets ``tol`` and returns the lowest-residual one, with the same
-    statistics, stop modes, divergence rule and per-problem batching as the other solvers.
-    Differentiate it with :class:`deqjax.ReversibleAdjoint` (exact backprop through the solve in
-    O(1) memory in ``max_steps``) or any other adjoint.
+    statistics, stop modes, divergence rule and per-problem batching as the other solvers
+    (``max_steps`` counts evaluations of ``f``: one step of the paper is two). Differentiate it
+    with :class:`deqjax.ReversibleAdjoint` (exact backprop through the solve in O(1) memory in
+    ``max_steps``) or any other adjoint.
 
-    ``β`` default 0.8: the value of the paper's code (examples, tests, image classification);
-    ``β`` near 1 converges fastest for a strongly contractive ``f`` but amplifies rounding in the
-    reverse pass by ``1/|1-β|`` per step, ``β`` near 0 reverses gently but converges slowly.
+    Fields: those of :class:`~deqjax._src.solvers.options.Options` and
+    :class:`~deqjax._src.solvers.options.DriverOptions`, and
 
-    Args:
-      f: the map ``Z -> Z`` over any pytree of float arrays.
-      z0: initial iterate (``y_0 = z_0``).
-      beta: relaxation ``β`` in ``(0, 1)`` or ``(1, 2)`` (``β = 1`` is not invertible).
-      max_steps: maximum number of evaluations of ``f`` (one step of the paper is two).
-      tol: stop when the residual (by ``stop_mode``) is ``<= tol``.
-      stop_mode: ``"abs"``, ``"rel"`` or ``"mixed"``, as in every deqjax solver.
-      divergence_factor: stop with ``DIVERGED`` when the absolute residual exceeds this multiple
-        of the lowest absolute residual seen.
-      loop: ``"while"`` (default), ``"scan"`` (reverse-differentiable, for
-        :class:`deqjax.UnrolledAdjoint`) or ``"python"`` (debugging).
-      atol: absolute tolerance of ``stop_mode="mixed"`` (``None``: equal to ``tol``).
-      batch_ndim: leading axes of every leaf of ``z0`` that index independent problems, solved in
-        one loop with per-problem stopping (0: one problem).
+    Attributes:
+      beta: relaxation ``β`` in ``(0, 1)`` or ``(1, 2)`` (``β = 1`` is not invertible). Default
+        0.8, the value of the paper's code (examples, tests, image classification); ``β`` near 1
+        converges fastest for a strongly contractive ``f`` but amplifies rounding in the reverse
+        pass by ``1/|1-β|`` per step, ``β`` near 0 reverses gently but converges slowly.
       return_state: also return, as ``Solution.reversible_state``, the :class:`ReversibleState`
         (the pair of the returned iterate and its index) that :class:`deqjax.ReversibleAdjoint`
         reverses from.
@@ -171,9 +137,109 @@ def reversible(
         keep the pair at every ``m``-th evaluation (``2 max_steps / m`` states), where the reverse
         pass restarts from the stored pair instead of its own rebuilt one, so rounding is amplified
         over at most ``m`` steps (``dq.ReversibleAdjoint(checkpoint_every=m)`` sets it).
-      sample_steps: ``None``, or loop steps ``s`` in ``[0, max_steps]`` whose iterate ``w_s``
-        (``w_0 = z0``) goes to ``Solution.samples`` (leaves ``[*batch, n, ...]``; steps a problem
-        never reached hold its ``value``), as in every deqjax solver (fixed-point correction).
+
+    Example:
+      >>> sol = dq.solvers.Reversible(tol=1e-6)(jnp.cos, jnp.array(1.0))
+      >>> sol.value  # 0.739085...
+    """
+
+    beta: float = DEFAULT_BETA
+    return_state: bool = False
+    checkpoint_every: int | None = None
+
+    def check(self) -> None:
+        super().check()
+        check_beta(self.beta)
+        checks.check_bool(self.return_state, "return_state")
+        check_checkpoint_every(self.checkpoint_every)
+
+    def rule(self, problem: Problem) -> driver.ProposalRule:
+        beta = check_beta(self.beta)
+
+        def propose(prev, k, x, fx, gx):
+            # (w_{k-1}, w_k) -> (w_k, w_{k+1}): the state is the iterate before x.
+            del k, gx
+            return _relax(beta, prev, fx), x
+
+        if not self.return_state:
+            return driver.ProposalRule(propose, problem.z0)
+        every = self.checkpoint_every
+        n_checkpoints = self.max_steps // every if every else 0
+        return driver.ProposalRule(
+            propose,
+            problem.z0,
+            track=functools.partial(_track, every, n_checkpoints, problem.batch_ndim),
+            extra0=_initial_kept(problem, n_checkpoints),
+            finish=functools.partial(_state_of, beta, every if n_checkpoints else None),
+        )
+
+
+class _Kept(NamedTuple):
+    """What the reverse pass needs, kept through the loop (the driver's ``extra``)."""
+
+    best_prev: PyTree  # w_{k-1} of the best iterate w_k
+    best_k: jax.Array  # int32 [*batch]: index k of the best iterate
+    checkpoints: Any  # () or (prev rows, cur rows) with leaves [*batch, n_checkpoints, ...]
+
+
+def _initial_kept(problem: Problem, n_checkpoints: int) -> _Kept:
+    checkpoints = ()
+    if n_checkpoints:
+        stack = tree.tree_stack_zeros(problem.z0, n_checkpoints, problem.batch_ndim)
+        checkpoints = (stack, stack)
+    return _Kept(problem.z0, jnp.zeros(problem.batch_shape, jnp.int32), checkpoints)
+
+
+def _track(
+    every: int | None,
+    n_checkpoints: int,
+    bn: int,
+    kept: _Kept,
+    step: stopping.StepUpdate,
+    k: jax.Array,
+    cur: PyTree,
+    prev: PyTree,
+) -> _Kept:
+    """Keeps the pair ``(w_{k-1}, w_k) = (prev, cur)`` and ``k`` of the best iterate, and the
+    pair of every ``every``-th evaluation (at row ``k // every - 1``)."""
+    checkpoints = kept.checkpoints
+    if n_checkpoints:
+        due = step.running & (k > 0) & (k % every == 0)
+        row = jnp.where(due, k // every - 1, -1)
+        checkpoints = (
+            tree.tree_set_row(checkpoints[0], row, prev, bn),
+            tree.tree_set_row(checkpoints[1], row, cur, bn),
+        )
+    # A running problem has made exactly k evaluations: k is the index of cur.
+    return _Kept(
+        best_prev=tree.tree_where(step.improved, prev, kept.best_prev, bn),
+        best_k=jnp.where(step.improved, k, kept.best_k),
+        checkpoints=checkpoints,
+    )
+
+
+def _state_of(beta: float, every: int | None, end: driver.LoopEnd) -> dict[str, ReversibleState]:
+    kept = end.extra
+    state = ReversibleState(
+        prev=kept.best_prev,
+        value=end.value,
+        steps=kept.best_k,
+        beta=beta,
+        checkpoints=kept.checkpoints if every else None,
+        checkpoint_every=every,
+    )
+    return {"reversible_state": state}
+
+
+def reversible(f: Callable[[PyTree], PyTree], z0: PyTree, /, **options) -> Solution:
+    """Solves ``z = f(z)`` by the reversible fixed-point iteration, ``Reversible(**options)``.
+
+    Args:
+      f: the map ``Z -> Z`` over any pytree of float arrays (``(z, aux)`` with ``has_aux``).
+      z0: initial iterate (``y_0 = z_0``).
+      **options: the fields of :class:`~deqjax.solvers.Reversible` (``beta=0.8``,
+        ``max_steps=50``, ``tol=1e-4``, ``stop_mode="rel"``, ``return_state=False``,
+        ``checkpoint_every=None``, ...).
 
     Returns:
       A :class:`~deqjax.solvers.Solution`; ``value`` is the best iterate and ``f_value`` is
@@ -186,116 +252,7 @@ def reversible(
       >>> sol = dq.solvers.reversible(jnp.cos, jnp.array(1.0), tol=1e-6)
       >>> sol.value  # 0.739085...
     """
-    z0 = base.check_common_args(
-        f,
-        z0,
-        max_steps=max_steps,
-        tol=tol,
-        stop_mode=stop_mode,
-        loop=loop,
-        atol=atol,
-        batch_ndim=batch_ndim,
-    )
-    beta = check_beta(beta)
-    if not divergence_factor > 1.0:
-        raise ValueError(f"divergence_factor must be > 1, got {divergence_factor}.")
-    checks.check_bool(return_state, "return_state")
-    check_checkpoint_every(checkpoint_every)
-    sample_steps = base.check_sample_steps(sample_steps, max_steps)
-    n_checkpoints = max_steps // checkpoint_every if checkpoint_every and return_state else 0
-
-    rdtype = tree.reduction_dtype(z0)
-    batch_shape = tuple(jax.tree_util.tree_leaves(z0)[0].shape[:batch_ndim])
-    rule = base.stopping_rule(tol, stop_mode, atol, divergence_factor, max_steps, batch_ndim)
-
-    def cond_fun(c: _Carry) -> jax.Array:
-        return jnp.any(c.counts[..., 0] == _RUNNING)
-
-    def body_fun(c: _Carry) -> _Carry:
-        num_steps = c.counts[..., 1]
-        fx = f(c.cur)
-        gx = tree.tree_sub(fx, c.cur)
-        u = base.step_update(
-            c.cur, fx, gx, k=c.k, stats=c.stats, counts=c.counts, trace=c.trace, **rule
-        )
-        running, still, improved = u.running, u.still, u.improved
-        nxt = _relax(beta, c.prev, fx)
-        checkpoints = c.checkpoints
-        if n_checkpoints:
-            # The pair (w_{k-1}, w_k) = (prev, cur) of index k goes to row k // m - 1.
-            due = running & (c.k > 0) & (c.k % checkpoint_every == 0)
-            row = jnp.where(due, c.k // checkpoint_every - 1, -1)
-            checkpoints = (
-                tree.tree_set_row(checkpoints[0], row, c.prev, batch_ndim),
-                tree.tree_set_row(checkpoints[1], row, c.cur, batch_ndim),
-            )
-        samples = c.samples
-        if sample_steps is not None:  # w_k (evaluated at this step) goes to the slot of step k
-            samples = base.record_sample(samples, sample_ids, c.k, running, c.cur, batch_ndim)
-        return _Carry(
-            k=c.k + 1,
-            prev=tree.tree_where(still, c.cur, c.prev, batch_ndim),
-            cur=tree.tree_where(still, nxt, c.cur, batch_ndim),
-            best_prev=tree.tree_where(improved, c.prev, c.best_prev, batch_ndim),
-            best_cur=tree.tree_where(improved, c.cur, c.best_cur, batch_ndim),
-            best_fx=tree.tree_where(u.take_fx, fx, c.best_fx, batch_ndim),
-            best_k=jnp.where(improved, num_steps, c.best_k),
-            stats=u.stats,
-            counts=u.counts,
-            trace=u.trace,
-            checkpoints=checkpoints,
-            samples=samples,
-        )
-
-    samples0 = ()
-    if sample_steps is not None:
-        sample_ids = jnp.asarray(sample_steps, jnp.int32)
-        samples0 = tree.tree_stack_zeros(z0, len(sample_steps), batch_ndim)
-    checkpoints0 = ()
-    if n_checkpoints:
-        stack = tree.tree_stack_zeros(z0, n_checkpoints, batch_ndim)
-        checkpoints0 = (stack, stack)
-    init = _Carry(
-        k=jnp.zeros((), jnp.int32),
-        prev=z0,
-        cur=z0,
-        best_prev=z0,
-        best_cur=z0,
-        best_fx=z0,
-        best_k=jnp.zeros(batch_shape, jnp.int32),
-        **base.initial_bookkeeping(batch_shape, max_steps, rdtype),
-        checkpoints=checkpoints0,
-        samples=samples0,
-    )
-    c = loop_lib.bounded_while_loop(cond_fun, body_fun, init, max_steps=max_steps, loop=loop)
-    sol = base.Solution(
-        value=c.best_cur,
-        num_steps=c.counts[..., 1],
-        abs_residual=c.stats[..., 0],
-        rel_residual=c.stats[..., 1],
-        trace=c.trace,
-        status=c.counts[..., 0],
-        f_value=c.best_fx,
-    )
-    if sample_steps is not None:
-        samples = base.fill_samples(c.samples, sample_ids, c.counts[..., 1], c.best_cur, batch_ndim)
-        sol = sol._replace(samples=samples)
-    if return_state:
-        state = ReversibleState(
-            prev=c.best_prev,
-            value=c.best_cur,
-            steps=c.best_k,
-            beta=beta,
-            checkpoints=c.checkpoints if n_checkpoints else None,
-            checkpoint_every=checkpoint_every if n_checkpoints else None,
-        )
-        sol = sol._replace(reversible_state=state)
-    return sol
-
-
-def check_checkpoint_every(checkpoint_every: Any) -> None:
-    """``ValueError`` unless ``checkpoint_every`` is ``None`` or an int ``>= 1``."""
-    checks.check_int(checkpoint_every, "checkpoint_every", allow_none=True)
+    return Reversible(**options)(f, z0)
 
 
 def _stored_pair(state: ReversibleState, index: jax.Array, batch_ndim: int):
@@ -373,7 +330,7 @@ def reversal_error(
     and returns ``max(||ŷ_0 - z0||, ||ẑ_0 - z0||) / max(||z0||, ||z*||)`` per problem (shape
     ``[*batch]``). Jit-able; ``solver_kwargs`` go to :func:`reversible`.
     """
-    sol = reversible(f, z0, batch_ndim=batch_ndim, return_state=True, **solver_kwargs)
+    sol = Reversible(batch_ndim=batch_ndim, return_state=True, **solver_kwargs)(f, z0)
     y0_hat, z0_hat = reconstruct(f, sol.reversible_state, batch_ndim=batch_ndim)
     err = jnp.maximum(
         tree.tree_norm(tree.tree_sub(y0_hat, z0), batch_ndim),

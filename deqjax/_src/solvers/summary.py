@@ -5,10 +5,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from deqjax._src.solvers import base
+from deqjax._src.solvers.solution import STATUS_NAMES, Solution
 
 
-def summarize(solution: base.Solution, prefix: str = "") -> dict[str, jax.Array]:
+def summarize(solution: Solution, prefix: str = "") -> dict[str, jax.Array]:
     """Scalar statistics of a (batched) :class:`~deqjax.solvers.Solution`, for a metrics dict.
 
     Jit-safe (no host sync) and gradient-free; a single solve counts as a batch of one. The
@@ -43,6 +43,6 @@ def summarize(solution: base.Solution, prefix: str = "") -> dict[str, jax.Array]
         "rel_residual": jnp.mean(f32(rel_res)),
         "rel_residual_max": jnp.max(f32(rel_res)),
     }
-    for name, code in base.STATUS_NAMES.items():
-        out[code] = jnp.mean(f32(status == name))
+    for code, name in STATUS_NAMES.items():
+        out[name] = jnp.mean(f32(status == code))
     return {prefix + k: v for k, v in out.items()}

@@ -13,8 +13,8 @@ from typing import Any
 
 import optax
 
+from deqjax import solvers as solver_objects
 from deqjax._src import adaptive_gamma, adjoints, jacobian_regularization, reversible_adjoint, shine
-from deqjax._src.solvers import solver_objects
 from deqjax._src.training.optimizer import make_optimizer, make_schedule
 from deqjax._src.training.run_dir import (
     nonnegative_float,

@@ -1,0 +1,77 @@
+"""The Krylov solvers (GMRES, BiCGStab, CG on the normal equations) on affine maps: answers,
+per-chunk accounting, the function and object forms, and has_aux."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from deqjax import solvers
+
+KRYLOV = {"gmres": solvers.GMRES, "bicgstab": solvers.BiCGStab, "normal_cg": solvers.NormalCG}
+FUNCTIONS = {"gmres": solvers.gmres, "bicgstab": solvers.bicgstab, "normal_cg": solvers.normal_cg}
+
+
+def affine(seed=0, d=8, radius=0.9, batch=None):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(d, d))
+    a *= radius / np.max(np.abs(np.linalg.eigvals(a)))
+    shape = (d,) if batch is None else (batch, d)
+    return jnp.asarray(a), jnp.asarray(rng.normal(size=shape))
+
+
+@pytest.mark.parametrize("name", KRYLOV)
+def test_solves_the_linear_system_and_equals_the_function_form(name):
+    a, b = affine()
+
+    def f(u):
+        return b + u @ a.T
+
+    sol = KRYLOV[name](tol=1e-11, max_steps=400)(f, jnp.zeros(8))
+    want = np.linalg.solve(np.eye(8) - np.asarray(a), np.asarray(b))
+    assert int(sol.status) == solvers.CONVERGED
+    np.testing.assert_allclose(sol.value, want, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(sol.f_value, f(sol.value), rtol=1e-12)
+    again = FUNCTIONS[name](f, jnp.zeros(8), tol=1e-11, max_steps=400)
+    np.testing.assert_array_equal(again.value, sol.value)
+    np.testing.assert_array_equal(again.trace, sol.trace)
+
+
+def test_gmres_charges_each_cycle_in_full():
+    """Two evaluations for f(0) and f(z0), then restart + 3 per cycle, each written in the trace
+    with the residual measured after its cycle."""
+    a, b = affine(seed=1)
+    sol = solvers.gmres(lambda u: b + a @ u, jnp.zeros(8), tol=1e-12, restart=4, max_steps=400)
+    n = int(sol.num_steps)
+    assert (n - 2) % 7 == 0 and n > 9
+    trace = np.asarray(sol.trace)
+    assert np.all(np.isfinite(trace[:n])) and np.all(np.isinf(trace[n:]))
+    for start in range(2, n, 7):
+        assert np.all(trace[start : start + 7] == trace[start])
+    assert trace[0] == trace[1] and trace[n - 1] == float(sol.rel_residual)
+
+
+@pytest.mark.parametrize("name", KRYLOV)
+def test_has_aux_is_the_aux_at_the_value(name):
+    a, bs = affine(seed=2, batch=3)
+
+    def f(b):
+        def fn(u):
+            out = b + u @ a.T
+            return out, {"out": out, "sum": jnp.sum(out, axis=-1)}
+
+        return fn
+
+    solver = KRYLOV[name](tol=1e-10, max_steps=400, has_aux=True)
+    single = solver(f(bs[0]), jnp.zeros(8))
+    np.testing.assert_allclose(single.aux["out"], single.f_value, rtol=1e-12)
+    np.testing.assert_allclose(single.aux["sum"], jnp.sum(single.f_value), rtol=1e-12)
+    vmapped = jax.jit(jax.vmap(lambda b: solver(f(b), jnp.zeros(8))))(bs)
+    native = jax.jit(lambda: solver.replace(batch_ndim=1)(f(bs), jnp.zeros((3, 8))))()
+    for sol in (vmapped, native):
+        want = f(bs)(sol.value)[1]
+        np.testing.assert_allclose(sol.aux["out"], want["out"], rtol=1e-12)
+        np.testing.assert_allclose(sol.aux["sum"], want["sum"], rtol=1e-12)
+    assert solver.replace(has_aux=False)(lambda u: f(bs[0])(u)[0], jnp.zeros(8)).aux is None
