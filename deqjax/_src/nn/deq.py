@@ -103,8 +103,9 @@ import jax.numpy as jnp
 
 from deqjax._src import adjoints, tree
 from deqjax._src import fixed_point as fixed_point_lib
+from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import anderson as anderson_lib
-from deqjax._src.solvers import base, solver_objects
+from deqjax._src.solvers import base
 
 PyTree = Any
 Cell = Callable[..., PyTree]
@@ -414,7 +415,7 @@ class DEQ(hk.Module):
         solver = self.solver if is_training else self.eval_solver
         mode = _mode_of(self.per_example, solver)
         if mode == _NATIVE:  # one loop for the batch, each example stopping on its own
-            solver = solver_objects.with_batch_ndim(solver, 1)
+            solver = as_solver(solver).replace(batch_ndim=1)
         adjoint = self.adjoint
         cell = self.cell
         pass_is_training = self._pass_is_training

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from deqjax._src import implicit_diff
+from deqjax._src import adjoints
 from deqjax._src.training.train_state import DEVICE_AXIS, TrainState, create_train_state
 
 PyTree = Any
@@ -136,7 +136,7 @@ def train_step(
         args = (state.params, batch, step_key, state.reg_state, state.step)
         if backward_stats:  # the gradient channel of dq.BackwardStats: stats arrive as a gradient
             grad_fn = jax.value_and_grad(objective, argnums=(0, 5), has_aux=True)
-            probe = implicit_diff.BackwardStats.zeros()
+            probe = adjoints.BackwardStats.zeros()
             (loss, aux), (grads, stats) = grad_fn(*args, probe, state.carry)
         else:
             (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(*args, state.carry)
