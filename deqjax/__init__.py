@@ -21,9 +21,12 @@ from deqjax import (
 )
 from deqjax._src.adjoints import (
     Adjoint,
+    BackwardStats,
     ImplicitAdjoint,
     OneStepAdjoint,
     PhantomAdjoint,
+    ReversibleAdjoint,
+    ShineAdjoint,
     UnrolledAdjoint,
 )
 from deqjax._src.fixed_point import fixed_point
@@ -33,9 +36,6 @@ from deqjax._src.fixed_point_correction import (
     correction_weights,
     uniform_sample_steps,
 )
-from deqjax._src.implicit_diff import BackwardStats
-from deqjax._src.reversible_adjoint import ReversibleAdjoint
-from deqjax._src.shine import ShineAdjoint
 
 __version__ = "0.1.0"
 

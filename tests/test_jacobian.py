@@ -9,7 +9,8 @@ import pytest
 
 import deqjax as dq
 from deqjax import jacobian
-from deqjax._src.implicit_diff import backward_solve
+from deqjax._src.adjoints.implicit import backward_solve
+from tests.helpers.dense_ift import FPI_4000, THETA, cos_cell
 
 
 def random_matrix(seed, d=6):
@@ -169,7 +170,7 @@ def test_backward_convergence_matches_backward_solve_and_dense_solution():
     x = jnp.asarray(np.random.default_rng(1).normal(size=d))
     z_star = dq.solvers.broyden(lambda z: cell(p, x, z), jnp.zeros(d), tol=1e-13).value
     g = jnp.arange(1.0, d + 1.0)
-    solver = functools.partial(dq.solvers.anderson, max_steps=50, tol=1e-12, stop_mode="abs")
+    solver = dq.solvers.Anderson(max_steps=50, tol=1e-12, stop_mode="abs")
     sol = jax.jit(
         lambda p, x, z, g: jacobian.backward_convergence(cell, p, x, z, g, solver=solver)
     )(p, x, z_star, g)
@@ -188,3 +189,15 @@ def test_backward_convergence_matches_backward_solve_and_dense_solution():
         lambda p: jacobian.backward_convergence(cell, p, x, z_star, g, solver=solver).rel_residual
     )(p)
     assert float(jnp.max(jnp.abs(grad["W"]))) == 0.0
+
+
+def test_backward_convergence_monitor_runs_the_same_fallback():
+    z = jnp.array([0.7390851, 1.5434252])
+    g = jnp.array([0.0, 1.0])
+    plain = jacobian.backward_convergence(cos_cell, THETA, None, z, g, solver=FPI_4000)
+    assert int(plain.status) == dq.solvers.MAX_STEPS
+    sol = jacobian.backward_convergence(
+        cos_cell, THETA, None, z, g, solver=FPI_4000, fallback="gmres"
+    )
+    assert int(sol.status) == dq.solvers.CONVERGED and int(sol.num_steps) > 4000
+    np.testing.assert_allclose(sol.value[1], 1.0 / (1.0 + np.sin(1.5434252)), rtol=1e-5)

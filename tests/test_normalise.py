@@ -49,6 +49,8 @@ def test_a_users_callable_declares_what_its_signature_says_once():
     sol = b.replace(batch_ndim=1)(lambda z: 0.5 * z + 1.0, jnp.zeros((3, 2)))
     assert sol.status.shape == (3,)
     np.testing.assert_allclose(sol.value, 2.0, rtol=1e-5)
+    # A partial that binds the batch axes declares them (the backward reads batch_ndim).
+    assert as_solver(functools.partial(batched, batch_ndim=1)).batch_ndim == 1
 
 
 def test_accepts_keyword_sees_named_and_var_keywords():

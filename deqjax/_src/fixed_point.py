@@ -6,9 +6,9 @@ from typing import Any, Callable
 
 import jax
 
-from deqjax._src import adjoints, implicit_diff, tree
+from deqjax._src import adjoints, tree
+from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import anderson as anderson_lib
-from deqjax._src.solvers import base
 from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
@@ -75,10 +75,10 @@ def fixed_point(
     x: PyTree,
     z0: PyTree,
     *,
-    solver: base.Solver = anderson_lib.anderson,
+    solver: Any = anderson_lib.anderson,
     adjoint: adjoints.Adjoint | None = None,
     has_aux: bool = False,
-    backward_stats: implicit_diff.BackwardStats | None = None,
+    backward_stats: adjoints.BackwardStats | None = None,
 ) -> tuple[PyTree, Solution]:
     """Solves ``z* = f(params, x, z*)`` and makes ``z*`` differentiable in ``params`` and ``x``.
 
@@ -88,9 +88,9 @@ def fixed_point(
     ``vmap`` (per-example forward and backward solves), ``lax.scan`` and ``pmap``. With a
     batch-native solver (``dq.solvers.Anderson(batch_ndim=1)`` and an ``f``
     that maps the whole batch) the implicit backward is batch-native too: the adjoints of all
-    examples are solved in one batched loop with per-example stopping (the forward Solution's
-    ``status.ndim`` is passed as ``batch_ndim`` to the backward solver) and the parameter VJP is
-    taken once for the batch, with no per-example parameter cotangents.
+    examples are solved in one batched loop with per-example stopping (the forward solver's
+    ``batch_ndim`` is carried to the backward solver) and the parameter VJP is taken once for the
+    batch, with no per-example parameter cotangents.
 
     Args:
       f: the cell ``f(params, x, z) -> z``, positional; every array it depends on must be passed
@@ -100,7 +100,8 @@ def fixed_point(
       z0: initial state, a pytree of float arrays.
       solver: forward solver ``(f_z, z0) -> Solution``, e.g.
         ``dq.solvers.Broyden(max_steps=12)`` or ``functools.partial(dq.solvers.broyden,
-        max_steps=12)``.
+        max_steps=12)`` (the two are the same solver: what is passed is turned into a solver
+        object once, here).
       adjoint: the gradient strategy; ``None`` means ``ImplicitAdjoint()``.
       has_aux: if True, ``f`` returns ``(z, aux)`` (as in jaxopt and optimistix): the solve uses
         ``z`` and the result's first element is ``(z_star, aux)``, with ``aux`` that of
@@ -126,8 +127,7 @@ def fixed_point(
     """
     if not callable(f):
         raise ValueError(f"f must be callable, got {type(f).__name__}.")
-    if not callable(solver):
-        raise ValueError(f"solver must be callable, got {solver!r}.")
+    solver = as_solver(solver)  # the one normalisation: from here on, declared fields only
     if adjoint is None:
         adjoint = adjoints.ImplicitAdjoint()
     if not isinstance(adjoint, adjoints.Adjoint):
@@ -137,7 +137,7 @@ def fixed_point(
             f"{adjoint!r}."
         )
     tree.check_float_tree(z0, "z0")
-    if backward_stats is not None and not isinstance(backward_stats, implicit_diff.BackwardStats):
+    if backward_stats is not None and not isinstance(backward_stats, adjoints.BackwardStats):
         raise ValueError(
             "backward_stats must be a dq.BackwardStats probe (dq.BackwardStats.zeros()) or None, "
             f"got {type(backward_stats).__name__}."

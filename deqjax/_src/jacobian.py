@@ -20,7 +20,9 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import adjoints, checks, implicit_diff, tree
+from deqjax._src import checks, tree
+from deqjax._src.adjoints import implicit
+from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers import base
 from deqjax._src.solvers.solution import Solution
@@ -30,9 +32,15 @@ MapFn = Callable[[PyTree], PyTree]
 CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
 
 
-def _check_key(key: Any) -> None:
+def _check_map(f: MapFn, z: PyTree, key: Any, count: int, count_name: str) -> jnp.dtype:
+    """Checks the arguments shared by the two estimators; returns ``z``'s reduction dtype."""
+    if not callable(f):
+        raise ValueError(f"f must be callable, got {type(f).__name__}.")
+    tree.check_float_tree(z, "z")
     if not isinstance(key, jax.Array):
         raise ValueError(f"key must be a jax.random key array, got {type(key).__name__}.")
+    checks.check_positive_int(count, count_name)
+    return tree.reduction_dtype(z)
 
 
 def _normal_like(key: jax.Array, z: PyTree) -> PyTree:
@@ -77,12 +85,7 @@ def frobenius_sq(f: MapFn, z: PyTree, key: jax.Array, *, num_samples: int = 1) -
       >>> z_star, _ = dq.fixed_point(cell, params, x, z0)
       >>> jr = dq.jacobian.frobenius_sq(lambda z: cell(params, x, z), z_star, key)
     """
-    if not callable(f):
-        raise ValueError(f"f must be callable, got {type(f).__name__}.")
-    tree.check_float_tree(z, "z")
-    _check_key(key)
-    checks.check_positive_int(num_samples, "num_samples")
-    dtype = tree.reduction_dtype(z)
+    dtype = _check_map(f, z, key, num_samples, "num_samples")
     d = tree.tree_size(z)
     _, vjp = jax.vjp(f, z)
     probes = jax.vmap(lambda k: _normal_like(k, z))(jax.random.split(key, num_samples))
@@ -153,12 +156,7 @@ def spectral_radius(f: MapFn, z: PyTree, key: jax.Array, *, num_steps: int = 100
     Example:
       >>> rho = dq.jacobian.spectral_radius(lambda z: cell(params, x, z), z_star, key)
     """
-    if not callable(f):
-        raise ValueError(f"f must be callable, got {type(f).__name__}.")
-    tree.check_float_tree(z, "z")
-    _check_key(key)
-    checks.check_positive_int(num_steps, "num_steps")
-    dtype = tree.reduction_dtype(z)
+    dtype = _check_map(f, z, key, num_steps, "num_steps")
     z = jax.lax.stop_gradient(jax.tree_util.tree_map(jnp.asarray, z))
     _, jvp = jax.linearize(f, z)
     tiny = jnp.asarray(jnp.finfo(dtype).tiny, dtype)
@@ -205,7 +203,8 @@ def backward_convergence(
 
     The same solve :class:`deqjax.ImplicitAdjoint` runs inside the VJP of
     :func:`deqjax.fixed_point` (it calls the one implementation,
-    ``implicit_diff.solve_adjoint``: first solve, then ``fallback`` where it did not converge),
+    ``deqjax._src.adjoints.implicit.solve_adjoint``: first solve, then ``fallback`` where it did
+    not converge),
     run here on stopped-gradient inputs so that its :class:`~deqjax.solvers.Solution` — steps,
     residuals, trace, status — can be logged. This is the "backward convergence" monitor of the
     JR paper's Fig. 3b/10a; pass the adjoint's backward ``solver`` and ``fallback="gmres"`` (the
@@ -220,11 +219,14 @@ def backward_convergence(
       cotangent: ``g = ∂ℓ/∂z*``, a pytree like ``z_star``, e.g.
         ``jax.grad(lambda z: loss(head(z)))(z_star)``.
       solver: the backward solver ``(h, u0) -> Solution``, e.g.
-        ``functools.partial(dq.solvers.anderson, max_steps=6, tol=1e-4)``; default ``anderson``.
+        ``dq.solvers.Anderson(max_steps=6, tol=1e-4)`` (an object, a function or a
+        ``functools.partial``); default ``anderson``.
       fallback: as in :class:`deqjax.ImplicitAdjoint` (``"gmres"``, a solver, or ``None``:
         the default here, the first solve only).
-      batch_ndim: leading axes of ``z_star`` that index independent problems (passed to solvers
-        that take it); 0: one problem per call (``jax.vmap`` it for per-example solves).
+      batch_ndim: leading axes of ``z_star`` that index independent problems (a batch-native
+        solver solves them as such; another solves the batch as one problem); 0: the solver's
+        own ``batch_ndim`` (by default one problem per call; ``jax.vmap`` it for per-example
+        solves).
 
     Returns:
       The backward :class:`~deqjax.solvers.Solution` for ``u`` (its ``value`` is ``u``): with a
@@ -242,22 +244,13 @@ def backward_convergence(
     """
     if not callable(f):
         raise ValueError(f"f must be callable, got {type(f).__name__}.")
-    if not callable(solver):
-        raise ValueError(f"solver must be callable, got {solver!r}.")
+    solver = as_solver(solver)
     tree.check_float_tree(z_star, "z_star")
     tree.check_float_tree(cotangent, "cotangent")
-    config = adjoints.ImplicitAdjoint(solver=solver, fallback=fallback).backward_config(solver)
-    stop = jax.lax.stop_gradient
-    result = implicit_diff.solve_adjoint(
-        f,
-        stop(params),
-        stop(x),
-        stop(z_star),
-        stop(cotangent),
-        solver=config.solver,
-        fallback=config.fallback,
-        on_failure="best",
-        batch_ndim=batch_ndim,
-        fallback_above=config.fallback_above,
+    adjoint = implicit.ImplicitAdjoint(solver=solver, fallback=fallback)
+    config = implicit.resolve_backward(
+        solver, adjoint.fallback, fallback_factor=adjoint.fallback_factor, batch_ndim=batch_ndim
     )
-    return stop(result.solution)
+    stop = jax.lax.stop_gradient
+    args = (stop(params), stop(x), stop(z_star), stop(cotangent))
+    return stop(implicit.solve_adjoint(f, *args, config).solution)

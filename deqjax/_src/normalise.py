@@ -29,6 +29,8 @@ PyTree = Any
 
 # The settings a consumer may read from a user's functools.partial (the backward's tolerance).
 _SETTINGS = ("max_steps", "tol", "stop_mode", "atol")
+# The keywords a CustomSolver passes on (its batch axes and loop kind); a partial may bind them.
+_PASSED = ("batch_ndim", "loop")
 
 
 def accepts_keyword(fn: Callable[..., Any], keyword: str) -> bool:
@@ -57,7 +59,8 @@ class CustomSolver(Solver):
       keywords: the keywords it accepts among ``batch_ndim`` and ``loop`` (static).
       batch_ndim: leading axes of ``z0`` that index problems; passed on when nonzero.
       loop: the loop kind to pass (``None``: the callable's own default).
-      max_steps, tol, stop_mode, atol: what a partial binds, else ``None``.
+      max_steps, tol, stop_mode, atol: what a partial binds, else ``None`` (``batch_ndim`` and
+        ``loop`` too: a partial binding them declares them).
     """
 
     fn: Callable[..., Solution] = None  # type: ignore[assignment]
@@ -141,8 +144,8 @@ def as_solver(solver: Any, *, name: str = "solver") -> Solver:
     bound = solver.keywords if isinstance(solver, functools.partial) else {}
     return CustomSolver(
         fn=solver,
-        keywords=frozenset(k for k in ("batch_ndim", "loop") if accepts_keyword(solver, k)),
-        **{k: bound[k] for k in _SETTINGS if k in bound},
+        keywords=frozenset(k for k in _PASSED if accepts_keyword(solver, k)),
+        **{k: bound[k] for k in _SETTINGS + _PASSED if k in bound},
     )
 
 

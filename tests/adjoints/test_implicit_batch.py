@@ -1,4 +1,4 @@
-"""Batch-native implicit backward (issue 15 item 3): one batched adjoint loop, one parameter VJP."""
+"""Batch-native implicit backward: one batched adjoint loop, one parameter VJP."""
 
 import functools
 

@@ -1,4 +1,4 @@
-"""The reversible solver and its exact reversal adjoint (issue 18; McCallum, Arora, Foster 2025)."""
+"""The reversible solver and its exact reversal adjoint (McCallum, Arora, Foster 2025)."""
 
 import functools
 

@@ -33,8 +33,9 @@ def head(z):
 
 
 def loss(p, x, adjoint, solver=BROYDEN, probe=None):
-    z, _ = dq.fixed_point(cell, p, x, jnp.zeros(D), solver=solver, adjoint=adjoint,
-                          backward_stats=probe)  # fmt: skip
+    z, _ = dq.fixed_point(
+        cell, p, x, jnp.zeros(D), solver=solver, adjoint=adjoint, backward_stats=probe
+    )
     return head(z)
 
 

@@ -1,11 +1,11 @@
-"""UnrolledAdjoint through Anderson on a float64 transformer DEQ (issue 14, item 2).
+"""UnrolledAdjoint: backprop through every step of the forward solver.
 
-Anderson's mixing coefficients come from a tiny ridge-regularised least-squares solve. Backprop
-through that solve multiplies rounding errors by up to ~1/lam when the residual history is nearly
-collinear, which happens exactly when a solve struggles: the unrolled gradient then came out as
-1e17. The coefficients are now under ``stop_gradient``: the unrolled gradient differentiates the
-iteration with the coefficients frozen (a convex-type combination, which cannot amplify errors),
-whose fixed point is still ``z*``.
+Through Anderson on a float64 transformer DEQ: Anderson's mixing coefficients come from a tiny
+ridge-regularised least-squares solve. Backprop through that solve multiplies rounding errors by up
+to ~1/lam when the residual history is nearly collinear, which happens exactly when a solve
+struggles: the unrolled gradient then came out as 1e17. The coefficients are now under
+``stop_gradient``: the unrolled gradient differentiates the iteration with the coefficients frozen
+(a convex-type combination, which cannot amplify errors), whose fixed point is still ``z*``.
 """
 
 import functools
@@ -17,8 +17,45 @@ import pytest
 
 import deqjax as dq
 from deqjax.nn import TransformerCell, TransformerInput
+from tests.helpers.dense_ift import contractive_problem, rel_err, tanh_cell, tanh_grad
+
+SOLVERS = {"fpi": dq.solvers.fixed_point_iteration, "anderson": dq.solvers.anderson}
 
 B, T, DX, D, M = 2, 5, 3, 8, 3
+
+
+@pytest.mark.parametrize("name,bound", [("fpi", 1e-8), ("anderson", 1e-4)])
+def test_unrolled_agrees_with_implicit_when_converged(name, bound):
+    # Unrolled fixed-point iteration converges to the implicit gradient; unrolled Anderson holds
+    # its mixing coefficients constant (stop_gradient), so it only approximates it.
+    p, x = contractive_problem(seed=4)
+    solver = functools.partial(SOLVERS[name], tol=1e-12, max_steps=300)
+    implicit = tanh_grad(solver, dq.ImplicitAdjoint())(p, x)
+    unrolled = tanh_grad(solver, dq.UnrolledAdjoint())(p, x)
+    assert rel_err(unrolled, implicit) < bound
+
+
+def test_unrolled_refuses_solver_without_loop_keyword():
+    p, x = contractive_problem()
+
+    def my_solver(f, z0):
+        return dq.solvers.anderson(f, z0)
+
+    with pytest.raises(ValueError, match="loop"):
+        dq.fixed_point(
+            tanh_cell, p, x, jnp.zeros(5), solver=my_solver, adjoint=dq.UnrolledAdjoint()
+        )
+
+
+def test_unrolled_refuses_a_solver_object_without_a_scan_loop():
+    p, x = contractive_problem()
+    with pytest.raises(ValueError, match="loop='scan'"):
+        dq.fixed_point(
+            tanh_cell, p, x, jnp.zeros(5), solver=dq.solvers.GMRES(), adjoint=dq.UnrolledAdjoint()
+        )
+
+
+# --- through Anderson on a float64 transformer DEQ ---------------------------------------------
 
 
 def _problem(contractive: bool):

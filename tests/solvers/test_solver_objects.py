@@ -37,8 +37,7 @@ def test_objects_drive_the_adjoints_that_need_their_solver(obj, fn, adjoint):
 
 def test_implicit_fallback_reads_the_tolerance_of_a_solver_object():
     config = dq.ImplicitAdjoint().backward_config(dq.solvers.Anderson(tol=1e-7, max_steps=20))
-    assert config.fallback.keywords["tol"] == 1e-7
-    assert config.fallback.keywords["max_steps"] == 40
+    assert config.fallback.tol == 1e-7 and config.fallback.max_steps == 40
 
 
 def _cell(p, x, z):

@@ -14,7 +14,7 @@ from typing import Any
 import optax
 
 from deqjax import solvers as solver_objects
-from deqjax._src import adaptive_gamma, adjoints, jacobian_regularization, reversible_adjoint, shine
+from deqjax._src import adaptive_gamma, adjoints, jacobian_regularization
 from deqjax._src.training.optimizer import make_optimizer, make_schedule
 from deqjax._src.training.run_dir import (
     nonnegative_float,
@@ -208,9 +208,9 @@ def solver_and_adjoint(
     common = {"max_steps": max_steps, "tol": tol, "stop_mode": stop_mode}
     if name == "shine":
         broyden = solver_objects.Broyden(return_inverse=True, **common)
-        return broyden, shine.ShineAdjoint(refine_steps=steps or 0, fallback=None)
+        return broyden, adjoints.ShineAdjoint(refine_steps=steps or 0, fallback=None)
     if name == "reversible":
-        return solver_objects.Reversible(**common), reversible_adjoint.ReversibleAdjoint()
+        return solver_objects.Reversible(**common), adjoints.ReversibleAdjoint()
     anderson = solver_objects.Anderson(m=m, **common)
     if name == "implicit":
         return anderson, adjoints.ImplicitAdjoint(solver=backward)

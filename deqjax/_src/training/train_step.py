@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from deqjax._src import implicit_diff
+from deqjax._src import adjoints
 from deqjax._src.training.train_state import DEVICE_AXIS, TrainState, create_train_state
 
 PyTree = Any
@@ -190,7 +190,7 @@ def _gradient_fn(
         args = (state.params, batch, step_key, state.reg_state, state.step)
         if stats:  # the gradient channel of dq.BackwardStats: stats arrive as a gradient
             grad_fn = jax.value_and_grad(objective, argnums=(0, 5), has_aux=True)
-            probe = implicit_diff.BackwardStats.zeros()
+            probe = adjoints.BackwardStats.zeros()
             (loss, aux), (grads, probe_grad) = grad_fn(*args, probe, state.carry)
         else:
             (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(*args, state.carry)

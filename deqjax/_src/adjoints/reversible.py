@@ -17,8 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax._src import adjoints, tree
-from deqjax._src.normalise import as_solver
+from deqjax._src import tree
+from deqjax._src.adjoints import backward_stats as stats_lib
+from deqjax._src.adjoints import base as adjoint_base
 from deqjax._src.solvers import reversible as reversible_lib
 
 PyTree = Any
@@ -56,6 +57,12 @@ def _join(t: PyTree, float_cotangents: list) -> PyTree:
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
+def _zero_cotangent(leaf: Any) -> Any:
+    if _is_float(leaf):
+        return jnp.zeros_like(leaf)
+    return np.zeros(np.shape(leaf), jax.dtypes.float0)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _reversed(f, batch_ndim, params, x, z0, state, probe):
     """Identity on ``state.value`` whose VJP back-propagates through the ``state.steps``
@@ -69,13 +76,7 @@ def _reversed_fwd(f, batch_ndim, params, x, z0, state, probe):
     return state.value, (params, x, z0, state, probe)
 
 
-def _zero_cotangent(leaf: Any) -> Any:
-    if _is_float(leaf):
-        return jnp.zeros_like(leaf)
-    return np.zeros(np.shape(leaf), jax.dtypes.float0)
-
-
-def _reversal_stats(batch_ndim, z0, value, y0_hat, z0_hat, steps, probe):
+def _reversal_stats(batch_ndim, z0, value, y0_hat, z0_hat, steps):
     """Per-solve sums for the BackwardStats channel: count, reverse steps, reversal error (as
     ``rel_residual``), failures (a non-finite rebuilt start), no fallbacks."""
     err = jnp.maximum(
@@ -84,27 +85,21 @@ def _reversal_stats(batch_ndim, z0, value, y0_hat, z0_hat, steps, probe):
     )
     scale = jnp.maximum(tree.tree_norm(z0, batch_ndim), tree.tree_norm(value, batch_ndim))
     err = err / jnp.maximum(scale, jnp.finfo(scale.dtype).tiny)
-    fields = (
+    return stats_lib.summed(
         (steps >= 0).astype(err.dtype),  # ones, batched like steps (ones_like is not, under vmap)
         steps.astype(err.dtype),
         err,
         (~jnp.isfinite(err)).astype(err.dtype),
         jnp.zeros_like(err),
+        dtype=err.dtype,
     )
-    return type(probe)(*(jnp.sum(a).astype(p.dtype) for a, p in zip(fields, probe)))
 
 
-def _reversed_bwd(f, batch_ndim, residuals, g_value):
-    params, x, z0, state, probe = residuals
+def _reverse_pass(cell, p_leaves, x_leaves, state, g_value, batch_ndim):
+    """The paper's exact backpropagation: from ``(w_{k-1}, w_k)`` with cotangent ``(0, g)`` back
+    to ``(w_{-1}, w_0)``, one VJP of ``cell`` per step. Returns the rebuilt start pair, its
+    cotangents and the parameter and input cotangents (float leaves)."""
     beta, steps = state.beta, state.steps
-    p_leaves, p_rebuild = _split(params)
-    x_leaves, x_rebuild = _split(x)
-
-    def cell(pl, xl, z):
-        return f(p_rebuild(pl), x_rebuild(xl), z)
-
-    def cond_fun(c):
-        return jnp.any(c[0] < steps)
 
     def body_fun(c):
         # Pair (u, v) = (w_{j}, w_{j+1}) with cotangents (gu, gv); one step back gives
@@ -112,12 +107,8 @@ def _reversed_bwd(f, batch_ndim, residuals, g_value):
         # g_{w_{j-1}} = (1-β) gv, g_{w_j} = gu + J_f(u)ᵀ (β gv), g_θ += ∂f/∂θ(u)ᵀ (β gv).
         i, u, v, gu, gv, gp, gx = c
         active = i < steps
-        cot = tree.tree_where(
-            active,
-            jax.tree_util.tree_map(lambda a: beta * a, gv),
-            tree.tree_zeros_like(gv),
-            batch_ndim,
-        )
+        beta_gv = jax.tree_util.tree_map(lambda a: beta * a, gv)
+        cot = tree.tree_where(active, beta_gv, tree.tree_zeros_like(gv), batch_ndim)
         fu, vjp = jax.vjp(cell, p_leaves, x_leaves, u)
         dp, dx, du = vjp(cot)
         older, newer = reversible_lib.reverse_step(fu, state, i, u, v, batch_ndim)
@@ -141,12 +132,29 @@ def _reversed_bwd(f, batch_ndim, residuals, g_value):
         tree.tree_zeros_like(p_leaves),
         tree.tree_zeros_like(x_leaves),
     )
-    _, y0_hat, z0_hat, g_a, g_b, gp, gx = jax.lax.while_loop(cond_fun, body_fun, init)
+    _, y0_hat, z0_hat, g_a, g_b, gp, gx = jax.lax.while_loop(
+        lambda c: jnp.any(c[0] < steps), body_fun, init
+    )
+    return y0_hat, z0_hat, g_a, g_b, gp, gx
+
+
+def _reversed_bwd(f, batch_ndim, residuals, g_value):
+    params, x, z0, state, probe = residuals
+    p_leaves, p_rebuild = _split(params)
+    x_leaves, x_rebuild = _split(x)
+
+    def cell(pl, xl, z):
+        return f(p_rebuild(pl), x_rebuild(xl), z)
+
+    y0_hat, z0_hat, g_a, g_b, gp, gx = _reverse_pass(
+        cell, p_leaves, x_leaves, state, g_value, batch_ndim
+    )
     # The pair is back at (w_{-1}, w_0) = (z0, z0): z0's cotangent is the sum of both slots.
     g_z0 = tree.tree_add(g_a, g_b)
     g_probe = None
     if probe is not None:
-        g_probe = _reversal_stats(batch_ndim, z0, state.value, y0_hat, z0_hat, steps, probe)
+        stats = _reversal_stats(batch_ndim, z0, state.value, y0_hat, z0_hat, state.steps)
+        g_probe = stats_lib.probe_cotangent(stats, probe)
     return (
         _join(params, gp),
         _join(x, gx),
@@ -159,22 +167,17 @@ def _reversed_bwd(f, batch_ndim, residuals, g_value):
 _reversed.defvjp(_reversed_fwd, _reversed_bwd)
 
 
-def _accepts_return_state(solver: Callable[..., Any]) -> bool:
-    """Whether ``solver`` takes ``return_state=``: the reversible function, a partial of it, a
-    solver object whose ``function`` takes it, or a callable with ``**kwargs``."""
-    return "return_state" in as_solver(solver).to_dict(with_name=False)
-
-
 @dataclasses.dataclass(frozen=True)
-class ReversibleAdjoint(adjoints.Adjoint):
+class ReversibleAdjoint(adjoint_base.Adjoint):
     """Exact gradient of the reversible solve, by reversal, in O(1) memory in the solver's steps.
 
     McCallum, Arora and Foster (2025), "Reversible Deep Equilibrium Models": the forward solver
-    must be :func:`deqjax.solvers.reversible` (a function, a ``functools.partial`` of it, or a
-    solver object that forwards ``return_state=True`` to it); any other solver raises
+    must be the reversible solver (:class:`deqjax.solvers.Reversible`, the function
+    :func:`deqjax.solvers.reversible` or a ``functools.partial`` of it); any other solver raises
     ``ValueError`` (its steps are not invertible). The forward keeps only the returned iterate
-    ``w_k``, the one before it and ``k``; the backward rebuilds ``w_{k-1}, ..., w_{-1}`` by the
-    algebraic inverse ``w_{j-1} = (w_{j+1} - β f(w_j)) / (1 - β)`` and back-propagates through
+    ``w_k``, the one before it and ``k`` (the solver runs with ``return_state=True`` and hands
+    them over in ``Solution.reversible_state``); the backward rebuilds ``w_{k-1}, ..., w_{-1}`` by
+    the algebraic inverse ``w_{j-1} = (w_{j+1} - β f(w_j)) / (1 - β)`` and back-propagates through
     each step with one VJP of ``f`` (``k`` evaluations of ``f`` and ``k`` VJPs in all), so the
     gradient is that of ordinary backprop through the same ``k`` steps (what
     :class:`UnrolledAdjoint` computes with O(k) memory), in ``params``, ``x`` and ``z0``.
@@ -197,11 +200,12 @@ class ReversibleAdjoint(adjoints.Adjoint):
     pass is not itself differentiable (no gradients of gradients).
 
     Args:
-      checkpoint_every: ``None`` (default): the paper's method, O(1) memory in the steps. An int
-        ``m >= 1``: the forward also stores the pair at every ``m``-th evaluation
-        (``2 max_steps / m`` states) and the reverse pass restarts from each stored pair, so
-        rounding is amplified over at most ``m`` steps instead of all of them (the remedy when
-        the reversal error above is too large, e.g. float32 with tight tolerances).
+      checkpoint_every: ``None`` (default): the paper's method, O(1) memory in the steps (or the
+        solver's own ``checkpoint_every``). An int ``m >= 1``: the forward also stores the pair at
+        every ``m``-th evaluation (``2 max_steps / m`` states) and the reverse pass restarts from
+        each stored pair, so rounding is amplified over at most ``m`` steps instead of all of them
+        (the remedy when the reversal error above is too large, e.g. float32 with tight
+        tolerances).
     """
 
     checkpoint_every: int | None = None
@@ -210,33 +214,17 @@ class ReversibleAdjoint(adjoints.Adjoint):
         reversible_lib.check_checkpoint_every(self.checkpoint_every)
 
     def solve(self, f, solver, params, x, z0, *, backward_stats=None):
-        if not _accepts_return_state(solver):
-            raise ValueError(
-                "ReversibleAdjoint needs the reversible solver, dq.solvers.reversible (or a "
-                "functools.partial of it, or a solver object forwarding return_state=True to it): "
-                f"its gradient reverses the solver's steps, which other solvers cannot; got "
-                f"{solver!r}."
-            )
-
-        def stop(t):  # float leaves only: ints, PRNG keys and Python values pass as they are
-            return jax.tree_util.tree_map(
-                lambda a: jax.lax.stop_gradient(a) if _is_float(a) else a,
-                t,
-            )
-
-        p_sg, x_sg = stop(params), stop(x)
-        extra = {} if self.checkpoint_every is None else {"checkpoint_every": self.checkpoint_every}
-        sol = as_solver(solver).replace(return_state=True, **extra)(
-            lambda z: f(p_sg, x_sg, z), stop(z0)
+        adjoint_base.require_solver(
+            solver,
+            reversible_lib.Reversible,
+            "ReversibleAdjoint",
+            "its gradient reverses the reversible solver's steps, which other solvers cannot",
+            "ImplicitAdjoint, or UnrolledAdjoint for backprop through its steps",
         )
-        state = getattr(sol, "reversible_state", None)
-        if not isinstance(state, reversible_lib.ReversibleState):
-            raise ValueError(
-                "ReversibleAdjoint needs dq.solvers.reversible: the solver called with "
-                f"return_state=True must return a Solution with its reversible_state; {solver!r} "
-                f"returned {type(state).__name__}."
-            )
-        sol = sol._replace(reversible_state=None)
-        batch_ndim = sol.status.ndim
-        z_out = _reversed(f, batch_ndim, params, x, z0, state, backward_stats)
-        return z_out, adjoints._stop_statistics(sol, z_out)
+        changes: dict[str, Any] = {"return_state": True}
+        if self.checkpoint_every is not None:
+            changes["checkpoint_every"] = self.checkpoint_every
+        sol = adjoint_base.solve_without_gradient(f, solver.replace(**changes), params, x, z0)
+        state, sol = sol.reversible_state, sol._replace(reversible_state=None)
+        z_out = _reversed(f, solver.batch_ndim, params, x, z0, state, backward_stats)
+        return z_out, adjoint_base.stop_statistics(sol, z_out)
