@@ -61,8 +61,8 @@ from deqjax._src.harness.run_dir import (
     write_json,
 )
 from deqjax._src.harness.runner import UsageError, run
-from deqjax._src.harness.stacked_runs import StackedRuns
 from deqjax._src.harness.solver_config import GRADIENTS, SolverConfig, solver_and_adjoint
+from deqjax._src.harness.stacked_runs import StackedRuns
 from deqjax._src.harness.sweep import (
     grid,
     median_rows,
