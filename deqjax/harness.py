@@ -31,8 +31,15 @@ from deqjax._src.harness.classifier_config import (
     batch_fns,
 )
 from deqjax._src.harness.cli import parse_config
+from deqjax._src.harness.corpus_config import CorpusConfig, TokenizedCorpus
 from deqjax._src.harness.experiment import Experiment
-from deqjax._src.harness.figures import line_plot, plot_panels, plot_sweep, pyplot, save_figure
+from deqjax._src.harness.figures import (
+    line_plot,
+    plot_panels,
+    plot_sweep,
+    pyplot,
+    save_figure,
+)
 from deqjax._src.harness.flag_types import (
     FloatList,
     IntList,
@@ -48,11 +55,12 @@ from deqjax._src.harness.flag_types import (
 from deqjax._src.harness.flat_config import flat_dict, replace_flat
 from deqjax._src.harness.jr_config import JRConfig
 from deqjax._src.harness.logging_config import LoggingConfig
+from deqjax._src.harness.mdeq_config import MDEQConfig, evaluate_classifier
 from deqjax._src.harness.metric_curves import plot_metrics
 from deqjax._src.harness.multihost_config import MultiHostConfig
 from deqjax._src.harness.optimization_config import OptimizationConfig
 from deqjax._src.harness.run_config import ResumableRunConfig, RunConfig
-from deqjax._src.harness.run_context import RunContext
+from deqjax._src.harness.run_context import RunContext, Trained, run_until_interrupted
 from deqjax._src.harness.run_dir import (
     RunDir,
     RunDirError,
@@ -61,6 +69,7 @@ from deqjax._src.harness.run_dir import (
     write_json,
 )
 from deqjax._src.harness.runner import UsageError, run
+from deqjax._src.harness.sequence_config import SequenceModelConfig
 from deqjax._src.harness.solver_config import GRADIENTS, SolverConfig, solver_and_adjoint
 from deqjax._src.harness.stacked_runs import StackedRuns
 from deqjax._src.harness.sweep import (
@@ -75,12 +84,14 @@ from deqjax._src.harness.tables import markdown_table, write_csv
 __all__ = [
     "GRADIENTS",
     "BatchFns",
+    "CorpusConfig",
     "Experiment",
     "FloatList",
     "InitSweepConfig",
     "IntList",
     "JRConfig",
     "LoggingConfig",
+    "MDEQConfig",
     "MLPClassifierConfig",
     "MultiHostConfig",
     "NameList",
@@ -94,14 +105,18 @@ __all__ = [
     "RunContext",
     "RunDir",
     "RunDirError",
+    "SequenceModelConfig",
     "SolverConfig",
     "StackedRuns",
     "Switch",
+    "TokenizedCorpus",
+    "Trained",
     "UsageError",
     "at_least",
     "batch_fns",
     "choice_list",
     "config_changes",
+    "evaluate_classifier",
     "flat_dict",
     "grid",
     "line_plot",
@@ -116,6 +131,7 @@ __all__ = [
     "replace_flat",
     "report_sweep",
     "run",
+    "run_until_interrupted",
     "save_figure",
     "short_runs",
     "solver_and_adjoint",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from deqjax._src.harness.cli import parse_config
-from deqjax._src.harness.flat_config import find_section, flat_dict, replace_flat
+from deqjax._src.harness.flat_config import declared, find_section, flat_dict, replace_flat
 from deqjax._src.harness.run_config import RunConfig
 from deqjax._src.harness.run_context import RunContext
 
@@ -37,7 +37,8 @@ class Experiment(Generic[Config]):
         ``DataFormatError`` / :class:`~deqjax.harness.UsageError` for exit status 2.
       run: ``(config, inputs, ctx: RunContext) -> results`` (a JSON-able dict written to
         ``results.json``; ``results["interrupted"]`` True exits with 143).
-      smoke: ``{flag: default}`` under ``--smoke`` (explicit flags win).
+      smoke: ``{flag: default}`` under ``--smoke``, besides the sections' own (their
+        ``SMOKE``); explicit flags win.
       modes: ``{flag: {flag: default}}`` for the boolean mode flags of the configuration (e.g.
         ``sweep``): their defaults, their own ``<flag>_config.json``/``<flag>.json`` and
         ``out_dir`` suffix.
@@ -61,7 +62,9 @@ class Experiment(Generic[Config]):
     def defaults(self, *, smoke: bool = False, mode: str | None = None) -> Config:
         """The default configuration in ``mode`` (or none) with or without ``--smoke``."""
         values = dict(self.modes[mode]) if mode else {}
-        if smoke:
+        if smoke:  # the sections' smoke settings, then the experiment's
+            for section_smoke in declared(self.config, "SMOKE"):
+                values.update(section_smoke)
             values.update(self.smoke)
         suffix = (f"_{mode}" if mode else "") + ("_smoke" if smoke else "")
         values.setdefault("out_dir", f"runs/{self.name}{suffix}")

@@ -46,6 +46,7 @@ def line_plot(
     logy: bool = False,
     styles: Mapping[str, Mapping[str, Any]] | None = None,
     hline: float | None = None,
+    per_step: bool = False,
     size: tuple[float, float] = (5.5, 3.8),
 ) -> str:
     """One axis of labelled curves ``{label: (x, y)}``; returns ``path``.
@@ -58,10 +59,13 @@ def line_plot(
       logy: log-scale y axis.
       styles: per-label ``matplotlib`` keyword arguments (e.g. ``{"ls": "--", "color": "C0"}``).
       hline: draw a dotted horizontal line at this y (e.g. a tolerance).
+      per_step: the curves are ``{label: ys}``, one value per step (x: 1, 2, ...).
       size: figure size in inches.
     """
     plt = pyplot()
     fig, ax = plt.subplots(figsize=size)
+    if per_step:
+        curves = {label: (range(1, len(ys) + 1), ys) for label, ys in curves.items()}
     for i, (label, (xs, ys)) in enumerate(curves.items()):
         style = {"color": f"C{i}", **dict((styles or {}).get(label, {}))}
         ax.plot(list(xs), list(ys), label=label, **style)

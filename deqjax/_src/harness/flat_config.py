@@ -6,7 +6,8 @@ command line the sections leave no prefix (``--max_steps``, not ``--solver.max_s
 every setting has one flat name, unique in the configuration. :func:`flat_dict` gives
 ``{name: value}`` (what ``config.json`` holds), :func:`replace_flat` changes settings by name
 (the ``--smoke`` and mode defaults), :func:`find_section` finds a shared section by type and
-:func:`safe_on_resume` collects the settings the sections declare safe to change on resume.
+:func:`declared` collects what the sections declare (the settings safe to change on resume,
+their ``--smoke`` values).
 """
 
 from __future__ import annotations
@@ -87,12 +88,13 @@ def find_section(config: Any, kind: type[Section]) -> Section | None:
     return None
 
 
-def safe_on_resume(config: Any) -> tuple[str, ...]:
-    """The settings every section of ``config`` (``config`` included) declares safe to change
-    when a run resumes: its class attribute ``SAFE_ON_RESUME`` (none declared: none)."""
-    names = list(getattr(type(config), "SAFE_ON_RESUME", ()))
+def declared(config: Any, name: str) -> list:
+    """The class attribute ``name`` of every section of ``config`` that has one (``config``
+    included, depth first): e.g. ``SAFE_ON_RESUME`` (the settings a resumed run may change) or
+    ``SMOKE`` (``{setting: value}`` under ``--smoke``)."""
+    found = [getattr(type(config), name)] if hasattr(type(config), name) else []
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         if _is_section(value):
-            names += safe_on_resume(value)
-    return tuple(names)
+            found += declared(value, name)
+    return found

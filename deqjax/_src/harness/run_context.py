@@ -1,17 +1,40 @@
-"""What a running experiment is handed: where it writes, and what every ``fit`` call shares."""
+"""What a running experiment is handed: where it writes, and what every ``fit`` call shares.
+
+:class:`RunContext` gives the output paths, the ``fit`` keywords of the run's trainings and
+:meth:`RunContext.fit`, one named training summarised from its metrics file (:class:`Trained`);
+:func:`run_until_interrupted` trains several in turn and stops after a SIGTERM.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
 from deqjax._src.harness.metric_curves import plot_metrics
 from deqjax._src.harness.run_dir import write_json
+from deqjax._src.training.fit import FitResult, fit
 from deqjax._src.training.metrics import read_jsonl
+
+
+class Trained(NamedTuple):
+    """One training of a run (:meth:`RunContext.fit`) and what its metrics file holds."""
+
+    result: FitResult  # what ``fit`` returned (the parameters: ``result.state.params``)
+    history: dict[str, list]  # {metric: [value per train record]}, as one uninterrupted run
+    seconds: float  # wall time of the ``fit`` call
+    step_seconds: float  # median seconds per step after the first (from examples_per_sec)
+    num_params: int  # parameter count
+
+    def tail(self, key: str) -> float:
+        """The mean of ``key`` over the last tenth of the records (at least the last one)."""
+        values = self.history[key]
+        return float(np.mean(values[-max(1, len(values) // 10) :]))
 
 
 @dataclasses.dataclass
@@ -78,6 +101,36 @@ class RunContext:
             kwargs["resume"] = self.resume and os.path.isdir(folder) and bool(os.listdir(folder))
         return kwargs
 
+    def fit(self, name: str, *, history: Sequence[str], batch_size: int, **kwargs: Any) -> Trained:
+        """:func:`~deqjax.training.fit` of the training ``name`` (:meth:`fit_kwargs`), then its
+        ``history`` metrics (one record per step: ``log_every=1``) and its step time.
+
+        Args:
+          name: the training (its ``ckpt_<name>/``, ``metrics_<name>.jsonl``).
+          history: the metrics to read back from its train records.
+          batch_size: the global batch (the step time is ``batch_size / examples_per_sec``).
+          **kwargs: ``fit``'s other arguments (``params``, ``loss_fn``, ...).
+        """
+        t0 = time.perf_counter()
+        result = fit(**kwargs, **self.fit_kwargs(name))
+        seconds = time.perf_counter() - t0
+        hist = self.train_history(name, (*history, "examples_per_sec"))
+        speeds = hist.pop("examples_per_sec")
+        step_s = float(np.median([batch_size / v for v in speeds[1:] or speeds]))
+        params = int(sum(x.size for x in jax.tree.leaves(result.state.params)))
+        return Trained(result, hist, seconds, step_s, params)
+
+    def train_records(self, name: str | None) -> list[dict]:
+        """The train records of the training ``name`` (see :meth:`fit_kwargs`), read from its
+        metrics file as one uninterrupted run."""
+        path = self.path(f"metrics_{name}.jsonl" if name is not None else "metrics.jsonl")
+        return [r for r in read_jsonl(path) if r.get("split") == "train"]
+
+    def train_history(self, name: str | None, keys: Sequence[str]) -> dict[str, list]:
+        """``{key: [value per train record]}`` of the training ``name``."""
+        records = self.train_records(name)
+        return {k: [r[k] for r in records] for k in keys}
+
     def plot_metrics(
         self, *, metrics: Sequence[str] | None = None, title: str = "", name: str = "curves.png"
     ) -> str | None:
@@ -98,3 +151,14 @@ class RunContext:
     def write_json(self, name: str, obj: Mapping[str, Any]) -> str:
         """Writes ``obj`` to ``out_dir/name`` atomically (process 0); returns the path."""
         return write_json(self.path(name), obj) if self.is_main else self.path(name)
+
+
+def run_until_interrupted(items: Sequence[Any], train: Any) -> list[dict]:
+    """``[train(item) for item in items]``, stopping after a result whose ``"interrupted"`` is
+    True (SIGTERM: the run saved its checkpoint and must stop; ``--resume`` continues it)."""
+    results = []
+    for item in items:
+        results.append(train(item))
+        if results[-1].get("interrupted"):
+            break
+    return results

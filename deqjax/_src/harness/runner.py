@@ -27,11 +27,12 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import Any, NoReturn
 
 from deqjax._src.data.errors import DataFormatError, DataNotFoundError
 from deqjax._src.harness.experiment import Experiment, run_section
-from deqjax._src.harness.flat_config import find_section, flat_dict, safe_on_resume
+from deqjax._src.harness.flat_config import declared, find_section, flat_dict
 from deqjax._src.harness.multihost_config import MultiHostConfig
 from deqjax._src.harness.run_config import ResumableRunConfig
 from deqjax._src.harness.run_context import RunContext
@@ -83,7 +84,7 @@ def _context(exp: Experiment, config: Any, flat: dict, mode: str | None) -> RunC
             resume=resume,
             overwrite=run.overwrite,
             force=resumable and run.force,
-            safe_keys=(*exp.safe_on_resume, *safe_on_resume(config)),
+            safe_keys=[*exp.safe_on_resume, *chain(*declared(config, "SAFE_ON_RESUME"))],
             outputs=exp.outputs,
             config_name=f"{mode}_config.json" if mode else "config.json",
         )
