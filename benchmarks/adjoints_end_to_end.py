@@ -1,4 +1,4 @@
-"""End-to-end comparison of the gradient strategies on the main job and the LM (issue 18).
+"""End-to-end comparison of the gradient strategies on the main job and the language model.
 
 Trains the Fashion-MNIST main job (``experiments/fashion_mnist.py``) or the DEQ-Transformer LM
 (``experiments/language_model.py --models deq``) once per ``--adjoint`` with the same seed, data,

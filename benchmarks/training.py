@@ -1,6 +1,6 @@
 """The main job's train step: throughput on 1 and 2 CPU devices; NFE and accuracy with/without JR.
 
-Two parts (issue 7, Benchmark):
+Two parts:
 
 * **Throughput**: the jitted, pmapped train step of ``experiments/fashion_mnist.py`` at its default
   model and batch (DEQ width 128, Anderson 20 steps / tol 1e-3 forward, implicit Anderson backward,
@@ -43,8 +43,8 @@ def measure_throughput(
     """Times the main job's train step on every local device (run in a fresh process).
 
     ``deq_mode`` selects ``dq.nn.DEQ``'s ``per_example`` for this process: ``native`` (the
-    default, batch-native per-example stopping), ``vmap`` (the per-example mode before issue 15:
-    vmap of batch-1 solves) or ``whole_batch`` (one stop for the batch).
+    default, batch-native per-example stopping), ``vmap`` (the per-example mode before batch-native
+    solves: vmap of batch-1 solves) or ``whole_batch`` (one stop for the batch).
     """
     import dataclasses
     import functools
