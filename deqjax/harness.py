@@ -1,14 +1,17 @@
 """The experiment harness: configuration as data, command lines, run folders, plots and sweeps.
 
-An experiment declares its configuration as a frozen dataclass (its own settings, and the shared
-sections :class:`RunConfig`, :class:`SolverConfig`, :class:`JRConfig`,
-:class:`OptimizationConfig`, :class:`LoggingConfig`, :class:`MultiHostConfig`) and gets its
-command line from tyro: one flag per field, named as the field (``--train_size``), with no
-section prefix. :func:`run` does the rest for every experiment alike: ``--smoke`` and mode
-defaults, the run folder (:func:`prepare_run_dir`: ``--resume`` refuses changed flags,
-``--overwrite``, ``--force``), ``config.json`` with every hyper-parameter (solver objects field
-by field), ``results.json`` and the exit statuses (2 bad flags or data, 3 non-finite stop or
-checkpoint failure, 143 SIGTERM).
+An experiment declares its configuration as a frozen dataclass: its own settings, and sections
+shared between experiments (the run's :class:`RunConfig` / :class:`ResumableRunConfig`,
+:class:`SolverConfig`, :class:`JRConfig`, :class:`OptimizationConfig`, :class:`LoggingConfig`,
+:class:`MultiHostConfig`; the models' :class:`MLPClassifierConfig`, :class:`InitSweepConfig`,
+:class:`SequenceModelConfig`, :class:`MDEQConfig` and the corpus's :class:`CorpusConfig`, each
+building what it describes). It gets its command line from tyro: one flag per setting, named as the
+field (``--train_size``), with no section prefix; checked types (:data:`PositiveInt`,
+:data:`FloatList`, ...) reject a bad value naming its flag. :func:`run` does the rest for every
+experiment alike: ``--smoke`` and mode defaults, the run folder (:func:`prepare_run_dir`:
+``--resume`` refuses changed flags, ``--overwrite``, ``--force``), ``config.json`` with every
+hyper-parameter (solver objects field by field), ``results.json`` and the exit statuses (2 bad flags
+or data, 3 non-finite stop or checkpoint failure, 143 SIGTERM).
 
 >>> @dataclasses.dataclass(frozen=True)
 ... class Config:
@@ -25,13 +28,12 @@ matplotlib when drawn; :func:`short_runs` trains a sweep of short runs through o
 """
 
 from deqjax._src.harness.classifier_config import (
-    BatchFns,
     InitSweepConfig,
     MLPClassifierConfig,
     batch_fns,
 )
 from deqjax._src.harness.cli import parse_config
-from deqjax._src.harness.corpus_config import CorpusConfig, TokenizedCorpus
+from deqjax._src.harness.corpus_config import CorpusConfig
 from deqjax._src.harness.experiment import Experiment
 from deqjax._src.harness.figures import (
     line_plot,
@@ -43,7 +45,6 @@ from deqjax._src.harness.figures import (
 from deqjax._src.harness.flag_types import (
     FloatList,
     IntList,
-    NameList,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -52,7 +53,7 @@ from deqjax._src.harness.flag_types import (
     at_least,
     choice_list,
 )
-from deqjax._src.harness.flat_config import flat_dict, replace_flat
+from deqjax._src.harness.flat_config import flat_dict
 from deqjax._src.harness.jr_config import JRConfig
 from deqjax._src.harness.logging_config import LoggingConfig
 from deqjax._src.harness.mdeq_config import MDEQConfig, evaluate_classifier
@@ -60,7 +61,7 @@ from deqjax._src.harness.metric_curves import plot_metrics
 from deqjax._src.harness.multihost_config import MultiHostConfig
 from deqjax._src.harness.optimization_config import OptimizationConfig
 from deqjax._src.harness.run_config import ResumableRunConfig, RunConfig
-from deqjax._src.harness.run_context import RunContext, Trained, run_until_interrupted
+from deqjax._src.harness.run_context import RunContext, run_until_interrupted
 from deqjax._src.harness.run_dir import (
     RunDir,
     RunDirError,
@@ -83,7 +84,6 @@ from deqjax._src.harness.tables import markdown_table, write_csv
 
 __all__ = [
     "GRADIENTS",
-    "BatchFns",
     "CorpusConfig",
     "Experiment",
     "FloatList",
@@ -94,7 +94,6 @@ __all__ = [
     "MDEQConfig",
     "MLPClassifierConfig",
     "MultiHostConfig",
-    "NameList",
     "NonNegativeFloat",
     "NonNegativeInt",
     "OptimizationConfig",
@@ -109,8 +108,6 @@ __all__ = [
     "SolverConfig",
     "StackedRuns",
     "Switch",
-    "TokenizedCorpus",
-    "Trained",
     "UsageError",
     "at_least",
     "batch_fns",
@@ -128,7 +125,6 @@ __all__ = [
     "plot_sweep",
     "prepare_run_dir",
     "pyplot",
-    "replace_flat",
     "report_sweep",
     "run",
     "run_until_interrupted",

@@ -37,6 +37,7 @@ import deqjax as dq
 from deqjax import data, harness, training
 from deqjax.harness import NonNegativeInt, PositiveFloat, PositiveInt
 
+Kinds = harness.choice_list(("deq", "tied", "untied"))  # the models --models may name
 SMOKE = {"seq_len": 16, "batch_size": 4, "steps": 3, "eval_segments": 2}
 
 
@@ -44,8 +45,7 @@ SMOKE = {"seq_len": 16, "batch_size": 4, "steps": 3, "eval_segments": 2}
 class Config:
     """The corpus, the models compared and their training."""
 
-    models: harness.choice_list(("deq", "tied", "untied")) = ("deq", "tied", "untied")
-    """comma-separated: deq, tied, untied"""
+    models: Kinds = ("deq", "tied", "untied")  # comma-separated: deq, tied, untied
     seq_len: PositiveInt = 64  # tokens per segment
     batch_size: PositiveInt = 16  # segments per batch
     depth: NonNegativeInt = 0  # explicit depth; 0: the DEQ's NFE

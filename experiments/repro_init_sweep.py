@@ -40,6 +40,7 @@ FAMILIES = {
     "goe": random_matrices.goe,
 }
 ACTS = {"relu": jax.nn.relu, "tanh": jnp.tanh}
+Families = harness.choice_list(tuple(FAMILIES))  # the matrix families --families names
 
 
 def load(n_train: int, n_test: int):
@@ -71,8 +72,7 @@ class Config:
     """The sweep (family, scale, seed) and the training of every run."""
 
     width: harness.PositiveInt = 32  # DEQ state size n
-    families: harness.choice_list(tuple(FAMILIES)) = ("gaussian", "orthogonal", "goe")
-    """comma-separated matrix families of W"""
+    families: Families = ("gaussian", "orthogonal", "goe")  # comma-separated families of W
     scales: harness.FloatList = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)  # sigma of W
     seeds: harness.PositiveInt = 10  # seeds per (family, scale)
     act: Literal[tuple(ACTS)] = "relu"  # the cell's activation phi

@@ -32,6 +32,7 @@ import deqjax as dq
 from deqjax import harness
 from experiments import language_model as lm
 
+Families = harness.choice_list(dq.models.INIT_FAMILIES)  # the FFN ensembles --families names
 # Flags fixed by the sweep itself: not passed after ``--``.
 OWN = ("--d_model", "--d_ff", "--ffn_init", "--ffn_scale", "--seed")
 
@@ -40,8 +41,7 @@ OWN = ("--d_model", "--d_ff", "--ffn_init", "--ffn_scale", "--seed")
 class Config:
     """The sweep: FFN ensembles, scales, seeds; the rest is language_model's (after --)."""
 
-    families: harness.choice_list(dq.models.INIT_FAMILIES) = ("gaussian", "orthogonal", "goe")
-    """comma-separated FFN ensembles"""
+    families: Families = ("gaussian", "orthogonal", "goe")  # comma-separated FFN ensembles
     scales: harness.FloatList = (2.0,)  # comma-separated ensemble scales of the FFN
     seeds: harness.PositiveInt = 8  # seeds per (scale, family)
     first_seed: int = 0  # the first seed

@@ -75,6 +75,9 @@ def diagnose(
     }
 
 
+Placements = harness.choice_list(("post", "pre"))  # the LayerNorm placements --ln names
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """The cells diagnosed: LayerNorm placements, input scales, seeds, sizes."""
@@ -85,7 +88,7 @@ class Config:
     batch_size: harness.PositiveInt = 4  # examples (the Jacobian is example 0's)
     max_steps: harness.PositiveInt = 12  # Anderson budget of the forward and backward solves
     x_scale: tuple[float, ...] = (0.02, 1.0)  # RMS of x
-    ln: harness.choice_list(("post", "pre")) = ("post", "pre")  # LayerNorm placements
+    ln: Placements = ("post", "pre")  # LayerNorm placements
     out: str | None = None  # JSON file for the rows
 
 

@@ -21,7 +21,6 @@ class Config:
     n: Annotated[int, harness.at_least(2)] = 5  # width
     scales: harness.FloatList = (0.5, 1.0)  # scales
     seeds: harness.IntList = (0,)  # seeds
-    names: harness.NameList = ("a",)  # names
     families: harness.choice_list(("gaussian", "goe")) = ("goe",)  # families
     sweep: harness.Switch = False  # a mode
     progress: harness.Switch = True  # a bar
@@ -33,9 +32,9 @@ def _parse(argv):
 
 def test_values_in_range_parse():
     argv = ["--epochs", "2", "--train_size", "0", "--clip_norm", "0", "--lr", "1e-3", "--n", "2"]
-    c = _parse(argv + ["--scales", "0.5,1.5", "--seeds", "0,1,2", "--names", "x,y"])
+    c = _parse(argv + ["--scales", "0.5,1.5", "--seeds", "0,1,2"])
     assert (c.epochs, c.train_size, c.clip_norm, c.lr, c.n) == (2, 0, 0.0, 1e-3, 2)
-    assert c.scales == (0.5, 1.5) and c.seeds == (0, 1, 2) and c.names == ("x", "y")
+    assert c.scales == (0.5, 1.5) and c.seeds == (0, 1, 2)
     c = _parse(["--families", "gaussian,goe", "--sweep", "--no_progress"])
     assert c.families == ("gaussian", "goe") and c.sweep and not c.progress
     assert _parse([]) == Config()

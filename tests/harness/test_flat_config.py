@@ -8,7 +8,7 @@ from typing import ClassVar
 import pytest
 
 from deqjax import harness
-from deqjax._src.harness.flat_config import declared, find_section, flat_paths
+from deqjax._src.harness.flat_config import declared, find_section, flat_paths, replace_flat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +37,10 @@ def test_flat_dict_and_paths():
 
 
 def test_replace_flat_changes_nested_settings_by_name():
-    root = harness.replace_flat(Root(), b=5, x=1.0, seed=3)
+    root = replace_flat(Root(), b=5, x=1.0, seed=3)
     assert root == Root(x=1.0, leaf=Leaf(b=5), run=harness.RunConfig(seed=3))
     with pytest.raises(KeyError, match="nope"):
-        harness.replace_flat(Root(), nope=1)
+        replace_flat(Root(), nope=1)
 
 
 def test_sections_by_type_and_what_they_declare():

@@ -7,7 +7,7 @@ int >= 1, got -1`` (exit status 2) instead of failing later inside the run:
 * :data:`PositiveInt` (``>= 1``), :data:`NonNegativeInt` (``>= 0``), :data:`PositiveFloat`
   (finite, ``> 0``), :data:`NonNegativeFloat` (finite, ``>= 0``), and any lower bound of an
   int with :func:`at_least` (``n: Annotated[int, at_least(2)]``);
-* :data:`FloatList`, :data:`IntList`, :data:`NameList` and :func:`choice_list`: one
+* :data:`FloatList`, :data:`IntList` and :func:`choice_list` (names from a set): one
   comma-separated value (``--sweep_scales 0.5,1.5``) read as a tuple;
 * :data:`Switch`: a boolean flag that only turns something on (``--sweep``, ``--resume``), or
   for a field whose default is True only off; no ``--no_<name>`` twin.
@@ -98,5 +98,4 @@ FloatList = Annotated[
     tuple[float, ...], _comma_separated(lambda t: _convert(float, t), "FLOAT,...")
 ]
 IntList = Annotated[tuple[int, ...], _comma_separated(lambda t: _convert(int, t), "INT,...")]
-NameList = Annotated[tuple[str, ...], _comma_separated(str, "NAME,...")]
 Switch = tyro.conf.FlagCreatePairsOff[bool]
