@@ -1,4 +1,4 @@
-"""End-to-end comparison of the gradient strategies on the main job and the LM (issue 18).
+"""End-to-end comparison of the gradient strategies on the main job and the language model.
 
 Trains the Fashion-MNIST main job (``experiments/fashion_mnist.py``) or the DEQ-Transformer LM
 (``experiments/language_model.py --models deq``) once per ``--adjoint`` with the same seed, data,
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 
-from deqjax import training
+from deqjax import harness, training
 
 _COLUMNS = ("adjoint", "test acc", "test loss", "NFE", "rel residual", "train ex/s", "wall s")
 _LM_COLUMNS = ("adjoint", "valid ppl", "train ppl", "NFE", "rel residual", "step ms", "wall s")
@@ -73,7 +73,7 @@ def run_one(adjoint: str, out_dir: str, flags: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", choices=("fashion_mnist", "lm"), default="fashion_mnist")
-    p.add_argument("--adjoints", nargs="+", default=list(training.GRADIENTS))
+    p.add_argument("--adjoints", nargs="+", default=list(harness.GRADIENTS))
     p.add_argument("--train_size", type=int, default=20000)
     p.add_argument("--test_size", type=int, default=2000)
     p.add_argument("--epochs", type=int, default=1)

@@ -1,6 +1,6 @@
 """The main job's train step: throughput on 1 and 2 CPU devices; NFE and accuracy with/without JR.
 
-Two parts (issue 7, Benchmark):
+Two parts:
 
 * **Throughput**: the jitted, pmapped train step of ``experiments/fashion_mnist.py`` at its default
   model and batch (DEQ width 128, Anderson 20 steps / tol 1e-3 forward, implicit Anderson backward,
@@ -43,8 +43,8 @@ def measure_throughput(
     """Times the main job's train step on every local device (run in a fresh process).
 
     ``deq_mode`` selects ``dq.nn.DEQ``'s ``per_example`` for this process: ``native`` (the
-    default, batch-native per-example stopping), ``vmap`` (the per-example mode before issue 15:
-    vmap of batch-1 solves) or ``whole_batch`` (one stop for the batch).
+    default, batch-native per-example stopping), ``vmap`` (the per-example mode before batch-native
+    solves: vmap of batch-1 solves) or ``whole_batch`` (one stop for the batch).
     """
     import dataclasses
     import functools
@@ -56,26 +56,28 @@ def measure_throughput(
     from experiments import fashion_mnist as fm
 
     argv = ["--dataset", dataset, "--batch_size", str(batch_size)] + ([] if jr else ["--no_jr"])
-    args = training.parse_experiment_args(fm.EXPERIMENT, argv)  # the main job's defaults
+    c = fm.EXPERIMENT.parse(argv)  # the main job's defaults
     train_set, _, source = data.load_classification(dataset, train_size=20 * batch_size, seed=0)
     mode, _, fallback = deq_mode.partition("+")
-    solver, adjoint = training.solvers_from_flags(args)
+    solver, adjoint = c.solver.solver_and_adjoint()
     if fallback == "no_fallback":  # ImplicitAdjoint without the GMRES fallback solve
         adjoint = dataclasses.replace(adjoint, fallback=None)
     make = functools.partial(
-        models.MLPClassifier, args.width, solver=solver, adjoint=adjoint,
-        per_example=DEQ_MODES[mode])  # fmt: skip
-    reg, _ = training.jr_from_flags(args)
-    fns = models.classifier_fns(
-        make, regularizer=reg, backward_solver=training.backward_solver_from_flags(args)
+        models.MLPClassifier,
+        c.model.width,
+        solver=solver,
+        adjoint=adjoint,
+        per_example=DEQ_MODES[mode],
     )
-    gamma = jnp.asarray(args.gamma, jnp.float32)
+    reg, _ = c.regularization.build(c.solver.tol)
+    fns = models.classifier_fns(make, regularizer=reg, backward_solver=c.solver.backward())
+    gamma = jnp.asarray(c.regularization.gamma, jnp.float32)
 
     def loss_fn(params, batch, key, reg_state, step):
         return fns.loss(params, batch["image"], batch["label"], key, gamma, step)
 
     devices = jax.local_devices()
-    _, opt = training.optimizer_from_flags(args, 1000)
+    _, opt = c.optimization.optimizer(1000)
     pair = training.train_step(loss_fn, opt, per_device_rng=False)
     step_fn = jax.pmap(pair.update, axis_name="batch", donate_argnums=0, devices=devices)
     params = fns.init(jax.random.PRNGKey(0), jnp.asarray(train_set["image"][:1]))

@@ -29,7 +29,8 @@ Usage:
 
 from __future__ import annotations
 
-import time
+import dataclasses
+import functools
 
 import haiku as hk
 import jax
@@ -38,62 +39,48 @@ import numpy as np
 import optax
 
 import deqjax as dq
-from deqjax import data, training
+from deqjax import data, harness
 
 DIGITS, VOCAB = 10, 10  # vocabulary: 0 blank, 1..8 digits, 9 delimiter
-SPECS = "deq:transformer,deq:trellis,tied:transformer,untied:transformer,tied:trellis"
-SMOKE = dict(seq_len=8, d_model=16, depth=2, max_steps=4, steps=3, batch_size=4, eval_batch_size=8)
+SPECS = ("deq:transformer", "deq:trellis", "tied:transformer", "untied:transformer", "tied:trellis")
+# Every model --models may name: kind (deq, tied or untied) : cell (transformer or trellis).
+MODELS = [f"{k}:{c}" for k in ("deq", "tied", "untied") for c in ("transformer", "trellis")]
+Models = harness.choice_list(MODELS)
 
 
-def add_flags(p) -> None:
-    add = p.add_argument
-    add("--seq_len", type=int, default=50, help="T, blanks between digits and marker")
-    add("--models", default=SPECS, help="comma-separated kind:cell (kind deq, tied or untied;\n"
-        "cell transformer or trellis)")  # fmt: skip
-    add("--d_model", type=int, default=32, help="model width")
-    add("--num_heads", type=int, default=2, help="attention heads")
-    add("--depth", type=int, default=6, help="layers of the explicit baselines")
-    add("--max_steps", type=int, default=20, help="DEQ Anderson steps")
-    add("--tol", type=float, default=1e-3, help="forward solver tolerance")
-    add("--trellis_kernel", type=int, default=11,
-        help="trellis kernel size k: n evaluations reach n (k - 1) positions back")  # fmt: skip
-    add("--jr_gamma", type=float, default=0.0, help="Jacobian regularization weight")
-    add("--adjoint", choices=dq.training.GRADIENTS, default="implicit", help="DEQ gradient")
-    add("--steps", type=int, default=1200, help="training steps")
-    add("--batch_size", type=int, default=32, help="training batch size")
-    add("--eval_batch_size", type=int, default=256, help="evaluation batch size")
-    add("--learning_rate", type=float, default=2e-3, help="peak learning rate")
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The task, the models compared and their training."""
+
+    seq_len: harness.PositiveInt = 50  # T, blanks between digits and marker
+    models: Models = SPECS  # comma-separated kind:cell
+    depth: harness.PositiveInt = 6  # layers of the explicit baselines
+    trellis_kernel: harness.PositiveInt = 11  # trellis kernel k: n evaluations reach n(k-1) back
+    steps: harness.PositiveInt = 1200  # training steps
+    batch_size: harness.PositiveInt = 32  # training batch size
+    eval_batch_size: harness.PositiveInt = 256  # evaluation batch size
+    learning_rate: harness.PositiveFloat = 2e-3  # peak learning rate
+    deq: harness.SequenceModelConfig = harness.SequenceModelConfig(
+        d_model=32, num_heads=2, max_steps=20
+    )
+    run: harness.ResumableRunConfig = harness.ResumableRunConfig()
 
 
-def setup(args):
+def setup(c: Config):
     print("data source: synthetic copy-memory task (DEQ paper §5), generated from --seed")
-    blank = data.copy_memory_blank_loss(args.seq_len)
+    blank = data.copy_memory_blank_loss(c.seq_len)
     print(f"reference: blank-only predictor loss ~ {blank:.4f}")
-    for spec in args.models.split(","):
+    for spec in c.models:
         kind, cell = spec.split(":")
-        evals = args.max_steps if kind == "deq" else args.depth
-        reach = dq.models.trellis_reach(evals, args.trellis_kernel)
-        if cell == "trellis" and reach < args.seq_len + DIGITS:
-            print(f"note: {spec} reaches at most {reach} positions back in {evals} evaluations "
-                  f"(kernel {args.trellis_kernel}); the copy needs {args.seq_len + DIGITS}: expect "
-                  "the blank-only loss.")  # fmt: skip
+        evals = c.deq.max_steps if kind == "deq" else c.depth
+        reach = dq.models.trellis_reach(evals, c.trellis_kernel)
+        if cell == "trellis" and reach < c.seq_len + DIGITS:
+            print(
+                f"note: {spec} reaches at most {reach} positions back in {evals} evaluations "
+                f"(kernel {c.trellis_kernel}); the copy needs {c.seq_len + DIGITS}: expect the "
+                "blank-only loss."
+            )
     return blank, {"data_source": "synthetic copy-memory task (generated, seeded)"}
-
-
-def build(kind: str, cell: str, args) -> hk.Transformed:
-    """``apply(params, rng, inputs, is_training) -> (logits, aux)``."""
-    solver, adjoint = dq.training.solver_and_adjoint(
-        args.adjoint, max_steps=args.max_steps, tol=args.tol, tau=0.8)  # fmt: skip
-    reg = dq.regularization.JacobianRegularizer(args.jr_gamma) if args.jr_gamma > 0 else None
-
-    def forward(inputs, is_training):
-        return dq.models.SequenceModel(
-            VOCAB, kind, cell, d_model=args.d_model,
-            num_heads=args.num_heads, depth=args.depth, trellis_kernel=args.trellis_kernel,
-            solver=solver, adjoint=adjoint, regularizer=reg,
-        )(inputs, is_training=is_training)  # fmt: skip
-
-    return hk.transform(forward)
 
 
 def make_loss(model: hk.Transformed):
@@ -107,83 +94,84 @@ def make_loss(model: hk.Transformed):
     return loss_fn
 
 
-def run_model(spec: str, args, blank: float, ctx) -> dict:
+def run_model(spec: str, c: Config, blank: float, ctx) -> dict:
     kind, cell = spec.split(":")
-    model = build(kind, cell, args)
-    batches = data.CopyMemoryBatches(
-        seed=args.seed, batch_size=args.batch_size, seq_len=args.seq_len
+    model = c.deq.transform(VOCAB, kind, cell, depth=c.depth, trellis_kernel=c.trellis_kernel)
+    batches = data.CopyMemoryBatches(seed=c.run.seed, batch_size=c.batch_size, seq_len=c.seq_len)
+    trained = ctx.fit(
+        spec.replace(":", "_"),
+        history=("nll", "nfe", "rel_residual"),
+        batch_size=c.batch_size,
+        params=model.init(jax.random.PRNGKey(c.run.seed), next(batches)["inputs"], True),
+        loss_fn=make_loss(model),
+        optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.learning_rate)),
+        train_data=batches,
+        num_steps=c.steps,
+        rng=jax.random.PRNGKey(c.run.seed + 1),
+        log_every=1,
+        desc=spec,
     )
-    params = model.init(jax.random.PRNGKey(args.seed), next(batches)["inputs"], True)
-    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(args.learning_rate))
-    name = spec.replace(":", "_")
-    path = ctx.path(f"metrics_{name}.jsonl")
-    t0 = time.perf_counter()
-    fit = training.fit(
-        params=params, loss_fn=make_loss(model), optimizer=opt, train_data=batches,
-        num_steps=args.steps, rng=jax.random.PRNGKey(args.seed + 1), log_every=1, desc=spec,
-        **ctx.fit_kwargs(checkpoint_dir=ctx.path(f"ckpt_{name}"), metrics_path=path),
-    )  # fmt: skip
-    train_s = time.perf_counter() - t0
-    recs = [r for r in training.read_jsonl(path) if r.get("split") == "train"]
-    hist = {k: [r[k] for r in recs] for k in ("nll", "nfe", "rel_residual")}
-    test = data.copy_memory_batch(
-        np.random.default_rng(10_000 + args.seed), batch_size=args.eval_batch_size,
-        seq_len=args.seq_len,
-    )  # fmt: skip
+    hist, last = trained.history, trained.tail
+    rng = np.random.default_rng(10_000 + c.run.seed)
+    test = data.copy_memory_batch(rng, batch_size=c.eval_batch_size, seq_len=c.seq_len)
     evaluate = jax.jit(lambda p, b: make_loss(model)(p, b, None, (), 0, is_training=False)[1])
-    ev = evaluate(fit.state.params, dict(zip(("inputs", "targets"), test)))
-    tail = max(1, args.steps // 10)
-    last = lambda k: float(np.mean(hist[k][-tail:]))  # noqa: E731
-    r = {
-        "model": spec, "params": int(sum(x.size for x in jax.tree.leaves(fit.state.params))),
-        "final_train_loss": last("nll"), "test_loss": float(ev["nll"]),
-        "test_copy_accuracy": float(ev["copy_accuracy"]), "forward_nfe_train": last("nfe"),
-        "forward_nfe_eval": float(ev["nfe"]), "forward_rel_residual_train": last("rel_residual"),
-        "forward_rel_residual_eval": float(ev["rel_residual"]),
-        "steps_to_learn": data.copy_memory_steps_to_learn(hist["nll"], blank),
-        "train_seconds": train_s,
-        "history": {"loss": hist.pop("nll")} | hist,
-        "interrupted": fit.interrupted,
-    }  # fmt: skip
+    ev = evaluate(trained.result.state.params, dict(zip(("inputs", "targets"), test)))
+    r = {"model": spec, "params": trained.num_params}
+    r |= {"final_train_loss": last("nll"), "test_loss": float(ev["nll"])}
+    r |= {"test_copy_accuracy": float(ev["copy_accuracy"]), "forward_nfe_train": last("nfe")}
+    r |= {"forward_nfe_eval": float(ev["nfe"]), "forward_rel_residual_train": last("rel_residual")}
+    r |= {"forward_rel_residual_eval": float(ev["rel_residual"])}
+    r |= {"steps_to_learn": data.copy_memory_steps_to_learn(hist["nll"], blank)}
+    r |= {"train_seconds": trained.seconds, "history": {"loss": hist.pop("nll")} | hist}
+    r |= {"interrupted": trained.result.interrupted}
     ctx.print(
         f"{spec:20s} params={r['params']:7d} test_loss={r['test_loss']:.4f} "
         f"copy_acc={r['test_copy_accuracy']:.3f} nfe={r['forward_nfe_eval']:.1f} "
         f"rel_res={r['forward_rel_residual_eval']:.1e} steps_to_learn={r['steps_to_learn']} "
-        f"train_s={train_s:.1f}"
+        f"train_s={trained.seconds:.1f}"
     )
     return r
 
 
-def run(args, blank, ctx) -> dict:
-    results = []
-    for spec in args.models.split(","):
-        results.append(run_model(spec, args, blank, ctx))
-        if results[-1]["interrupted"]:
-            break
-    curve = lambda ys: (range(1, len(ys) + 1), ys)  # noqa: E731
-    training.line_plot(
-        ctx.path("loss.png"), {r["model"]: curve(r["history"]["loss"]) for r in results},
-        xlabel="step", ylabel="train cross-entropy", logy=True, hline=blank,
-        title=f"copy memory T={args.seq_len} (dotted: blank-only)",
-    )  # fmt: skip
-    deqs = {
-        r["model"]: curve(r["history"]["rel_residual"]) for r in results if "deq:" in r["model"]
-    }
+def run(c: Config, blank, ctx) -> dict:
+    results = harness.run_until_interrupted(c.models, lambda m: run_model(m, c, blank, ctx))
+    harness.line_plot(
+        ctx.path("loss.png"),
+        {r["model"]: r["history"]["loss"] for r in results},
+        per_step=True,
+        xlabel="step",
+        ylabel="train cross-entropy",
+        logy=True,
+        hline=blank,
+        title=f"copy memory T={c.seq_len} (dotted: blank-only)",
+    )
+    deqs = {r["model"]: r["history"]["rel_residual"] for r in results if "deq:" in r["model"]}
     if deqs:
-        training.line_plot(
-            ctx.path("residual.png"), deqs, xlabel="step", ylabel="forward relative residual",
-            logy=True, hline=args.tol, title=f"DEQ solver (Anderson <= {args.max_steps} steps)",
-        )  # fmt: skip
-    return {
-        "data_source": ctx.config["data_source"], "blank_only_loss": blank, "results": results,
-        "interrupted": any(r["interrupted"] for r in results),
-    }  # fmt: skip
+        harness.line_plot(
+            ctx.path("residual.png"),
+            deqs,
+            per_step=True,
+            xlabel="step",
+            ylabel="forward relative residual",
+            logy=True,
+            hline=c.deq.tol,
+            title=f"DEQ solver (Anderson <= {c.deq.max_steps} steps)",
+        )
+    out = {"data_source": ctx.config["data_source"], "blank_only_loss": blank}
+    return out | {"results": results, "interrupted": any(r["interrupted"] for r in results)}
 
 
-EXPERIMENT = training.Experiment(
-    name="copy_memory", doc=__doc__, add_flags=add_flags, setup=setup, run=run, smoke=SMOKE,
-    safe_on_resume=("steps",), outputs=("loss.png", "residual.png"),
-)  # fmt: skip
+EXPERIMENT = harness.Experiment(
+    name="copy_memory",
+    doc=__doc__,
+    config=Config(),
+    setup=setup,
+    run=run,
+    smoke={"seq_len": 8, "depth": 2, "steps": 3, "batch_size": 4, "eval_batch_size": 8},
+    outputs=("loss.png", "residual.png"),
+    safe_on_resume=("steps",),
+)
+main = functools.partial(harness.run, EXPERIMENT)  # main(argv=None) -> results
 
 if __name__ == "__main__":
-    training.run(EXPERIMENT)
+    main()

@@ -13,10 +13,9 @@ width n (``dq.theory.sample_matrix``, ``linear_trace``, ``forward_iteration``,
 4. ``fig4_residual.png``: relative residual after ``--steps`` forward iterations vs scale, with the
    predicted ``critical_scale`` of each ensemble marked.
 
-Outputs in ``--out_dir`` (default ``runs/init_theory``; the shared runner, ``dq.training.run``):
-the four PNGs, ``results.csv`` (one row per figure/ensemble/scale/seed: empirical and theory
-values), ``config.json``, ``summary.json``, ``results.json`` and a ``README.md`` stating what was
-seen for the GOE vs the prediction.
+Outputs in ``--out_dir`` (default ``runs/init_theory``): the four PNGs, ``results.csv`` (one row
+per figure/ensemble/scale/seed: empirical and theory values), ``config.json``, ``summary.json``,
+``results.json`` and a ``README.md`` stating what was seen for the GOE vs the prediction.
 
 Usage:
   python experiments/init_theory.py                 # n = 500, a few minutes on 2 CPU cores
@@ -25,43 +24,44 @@ Usage:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
+from typing import Annotated, Literal
 
 import jax
 import numpy as np
 
-from deqjax import theory, training
-from deqjax.training import positive_float, positive_int
+from deqjax import harness, theory
 
-ENSEMBLES = theory.ENSEMBLES
 COLORS = {"gaussian": "tab:blue", "orthogonal": "tab:green", "goe": "tab:red"}
 FIGURES = dict(fig1="fig1_linear_trace.png", fig2="fig2_mean_field_q.png")
 FIGURES |= dict(fig3="fig3_spectral_radius.png", fig4="fig4_residual.png")
 SMOKE = {"n": 32, "steps": 30, "batch": 2, "num_seeds": 1, "num_scales": 3, "num_linear_scales": 3}
 
 
-def add_flags(p) -> None:
-    g = p.add_argument_group("Monte-Carlo points")
-    g.add_argument("--n", type=positive_int, default=500, help="matrix width (>= 2)")
-    g.add_argument("--phi", default="tanh", choices=theory.PHI_NAMES, help="activation")
-    g.add_argument("--steps", type=positive_int, default=200, help="forward iterations (Figs 2-4)")
-    g.add_argument("--batch", type=positive_int, default=8, help="inputs x per matrix")
-    g.add_argument("--sigma_x", type=positive_float, default=1.0, help="std of the inputs x")
-    g.add_argument("--num_seeds", type=positive_int, default=2, help="matrices per point")
-    g.add_argument("--num_scales", type=positive_int, default=13, help="scales for Figs. 2-4")
-    g.add_argument("--num_linear_scales", type=positive_int, default=19, help="scales for Fig. 1")
-    g.add_argument("--max_scale", type=positive_float, default=2.5, help="largest scale sigma")
-    g.add_argument("--quiet", dest="progress", action="store_false", help="= --no_progress")
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The Monte-Carlo points."""
+
+    n: Annotated[int, harness.at_least(2)] = 500  # matrix width (>= 2)
+    phi: Literal[theory.PHI_NAMES] = "tanh"  # activation
+    steps: harness.PositiveInt = 200  # forward iterations (Figs 2-4)
+    batch: harness.PositiveInt = 8  # inputs x per matrix
+    sigma_x: harness.PositiveFloat = 1.0  # std of the inputs x
+    num_seeds: harness.PositiveInt = 2  # matrices per point
+    num_scales: harness.PositiveInt = 13  # scales for Figs. 2-4
+    num_linear_scales: harness.PositiveInt = 19  # scales for Fig. 1
+    max_scale: harness.PositiveFloat = 2.5  # largest scale sigma
+    run: harness.RunConfig = harness.RunConfig()
 
 
-def setup(args):
+def setup(c: Config):
     jax.config.update("jax_enable_x64", True)
-    scales = np.linspace(0.1, args.max_scale, args.num_scales)
-    linear = np.linspace(0.05, 0.95, args.num_linear_scales)
-    extra = {"scales": [round(float(s), 4) for s in scales]}
-    return None, extra | {"linear_scales": [round(float(s), 4) for s in linear]}
+    scales = [round(float(s), 4) for s in np.linspace(0.1, c.max_scale, c.num_scales)]
+    linear = [round(float(s), 4) for s in np.linspace(0.05, 0.95, c.num_linear_scales)]
+    return None, {"scales": scales, "linear_scales": linear}
 
 
 def by_scale(rows, figure, ensemble):
@@ -69,50 +69,49 @@ def by_scale(rows, figure, ensemble):
     sel = [r for r in rows if r["figure"] == figure and r["ensemble"] == ensemble]
     scales = sorted({r["scale"] for r in sel})
     emp = [np.array([r["empirical"] for r in sel if r["scale"] == s]) for s in scales]
-    return np.array(scales), emp, np.array([next(r["theory"] for r in sel if r["scale"] == s)
-                                            for s in scales])  # fmt: skip
+    theory_values = [next(r["theory"] for r in sel if r["scale"] == s) for s in scales]
+    return np.array(scales), emp, np.array(theory_values)
 
 
-def theory_curve(fig: str, ens: str, scales: np.ndarray, config: dict) -> np.ndarray:
+def theory_curve(fig: str, ens: str, scales: np.ndarray, c: Config) -> np.ndarray:
     """Theory at each scale (a loop of the already-compiled scalar functions: no new compiles)."""
-    phi, sx = config["phi"], config["sigma_x"]
     if fig == "fig1":
         return np.array([float(theory.linear_second_moment(v, ens)) for v in scales])
-    qs = [theory.mean_field_variance(v, ens, phi, sigma_x=sx) for v in scales]
+    qs = [theory.mean_field_variance(v, ens, c.phi, sigma_x=c.sigma_x) for v in scales]
     if fig == "fig2":
         return np.array([float(q) for q in qs])
-    return np.array([float(theory.spectral_radius(v, ens, q, phi)) for v, q in zip(scales, qs)])
+    return np.array([float(theory.spectral_radius(v, ens, q, c.phi)) for v, q in zip(scales, qs)])
 
 
-def plot(rows: list[dict], config: dict, ctx) -> dict[str, str]:
+def plot(rows: list[dict], c: Config, ctx) -> dict[str, str]:
     """Writes the four figures; returns ``{figure: path}``."""
     titles = {
         "fig1": ("linear DEQ: (1/n) tr((I-W)^-1 (I-W)^-T)", "(1/n) E||z*||^2", "log"),
-        "fig2": (f"{config['phi']} DEQ: variance q of the fixed point", "q", "linear"),
+        "fig2": (f"{c.phi} DEQ: variance q of the fixed point", "q", "linear"),
         "fig3": ("spectral radius of diag(phi'(h)) W  (Thm 3.2)", "max |eig|", "linear"),
-        "fig4": (f"relative residual after {config['steps']} forward steps", "residual", "log"),
+        "fig4": (f"relative residual after {c.steps} forward steps", "residual", "log"),
     }
     paths = {}
     for fig, (title, ylabel, yscale) in titles.items():
-        f, ax = training.pyplot().subplots(figsize=(6, 4.2))
-        for ens in ENSEMBLES:
+        f, ax = harness.pyplot().subplots(figsize=(6, 4.2))
+        for ens in theory.ENSEMBLES:
             scales, emp, th = by_scale(rows, fig, ens)
             means, spread = [np.mean(e) for e in emp], [np.std(e) for e in emp]
-            c, label = COLORS[ens], f"{ens} (n={config['n']})"
-            ax.errorbar(scales, means, yerr=spread, fmt="o", ms=4, color=c, label=label)
+            color, label = COLORS[ens], f"{ens} (n={c.n})"
+            ax.errorbar(scales, means, yerr=spread, fmt="o", ms=4, color=color, label=label)
             if fig == "fig4" and np.isfinite(th[0]):
-                ax.axvline(th[0], color=c, ls="--", lw=1, label=f"{ens} predicted critical")
+                ax.axvline(th[0], color=color, ls="--", lw=1, label=f"{ens} predicted critical")
             elif fig != "fig4":
-                dense = np.linspace(scales.min(), scales.max(), 15 if config["smoke"] else 60)
-                curve = theory_curve(fig, ens, dense, config)
-                ax.plot(dense, np.where(np.isfinite(curve), curve, np.nan), color=c, lw=1.5)
+                dense = np.linspace(scales.min(), scales.max(), 15 if c.run.smoke else 60)
+                curve = theory_curve(fig, ens, dense, c)
+                ax.plot(dense, np.where(np.isfinite(curve), curve, np.nan), color=color, lw=1.5)
         if fig == "fig3":
             ax.axhline(1.0, color="k", lw=0.8, ls=":")
         ax.set(yscale=yscale, xlabel="scale  (E[(1/n) tr W W^T] = scale^2)", ylabel=ylabel)
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7)
         f.tight_layout()
-        paths[fig] = training.save_figure(f, ctx.path(FIGURES[fig]))
+        paths[fig] = harness.save_figure(f, ctx.path(FIGURES[fig]))
     return paths
 
 
@@ -125,13 +124,12 @@ def summarize(rows: list[dict]) -> dict:
     """Per ensemble: median empirical/theory ratios of q (Fig. 2) below the predicted critical
     scale, and the empirical transition scale of Fig. 4 (first scale with residual > 1e-3)."""
     out = {}
-    for ens in ENSEMBLES:
-        crit = next((r["theory"] for r in rows if r["figure"] == "fig4" and r["ensemble"] == ens),
-                    math.inf)  # fmt: skip
+    for ens in theory.ENSEMBLES:
+        scales, res, th = by_scale(rows, "fig4", ens)
+        crit = float(th[0]) if len(th) else math.inf  # the predicted critical scale
         below = _ratios(rows, "fig2", ens, lambda r, c=crit: r["scale"] < c)
         every = _ratios(rows, "fig2", ens, lambda r: math.isfinite(r["theory"]))
         lin = _ratios(rows, "fig1", ens, lambda r: math.isfinite(r["theory"]))
-        scales, res, _ = by_scale(rows, "fig4", ens)
         above = [s for s, e in zip(scales, res) if np.mean(e) > 1e-3]
         out[ens] = {
             "predicted_critical_scale": crit,
@@ -144,43 +142,57 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def write_readme(summary: dict, config: dict, ctx) -> None:
-    table = training.markdown_table([{"ensemble": e, **s} for e, s in summary.items()])
+    table = harness.markdown_table([{"ensemble": e, **s} for e, s in summary.items()])
     goe = summary["goe"]["median_q_ratio_below_critical"]
-    verdict = "ABOVE the mean-field prediction (as the paper reports)" if goe > 1.02 else (
-        "not above the prediction")  # fmt: skip
-    text = (f"# init_theory: Figs. 1-4 of the init paper\n\nCommand config: "
-            f"`{json.dumps(training.to_python(config))}`\n\n{table}\n\nGOE: the empirical variance"
-            f" q is {verdict}: median ratio {goe:.3f} below the predicted critical scale, up to "
-            f"{summary['goe']['max_q_ratio']:.2f}x over the scanned scales.\n")  # fmt: skip
-    with open(ctx.path("README.md"), "w") as f:
-        f.write(text)
+    verdict = "not above the prediction"
+    if goe > 1.02:
+        verdict = "ABOVE the mean-field prediction (as the paper reports)"
+    text = (
+        f"# init_theory: Figs. 1-4 of the init paper\n\nCommand config: "
+        f"`{json.dumps(harness.to_python(config))}`\n\n{table}\n\nGOE: the empirical variance"
+        f" q is {verdict}: median ratio {goe:.3f} below the predicted critical scale, up to "
+        f"{summary['goe']['max_q_ratio']:.2f}x over the scanned scales.\n"
+    )
+    ctx.write_text("README.md", text)
 
 
-def run(args, _, ctx) -> dict:
+def run(c: Config, _, ctx) -> dict:
     start = time.time()
-    c = ctx.config
     rows = theory.monte_carlo_rows(
-        n=c["n"], phi=c["phi"], steps=c["steps"], batch=c["batch"], sigma_x=c["sigma_x"],
-        scales=c["scales"], linear_scales=c["linear_scales"], num_seeds=c["num_seeds"],
-        seed=c["seed"], progress=c["progress"])  # fmt: skip
-    training.write_csv(ctx.path("results.csv"), rows)
-    paths = plot(rows, ctx.config, ctx)
+        n=c.n,
+        phi=c.phi,
+        steps=c.steps,
+        batch=c.batch,
+        sigma_x=c.sigma_x,
+        scales=ctx.config["scales"],
+        linear_scales=ctx.config["linear_scales"],
+        num_seeds=c.num_seeds,
+        seed=c.run.seed,
+        progress=c.run.progress,
+    )
+    harness.write_csv(ctx.path("results.csv"), rows)
+    paths = plot(rows, c, ctx)
     summary = summarize(rows)
     write_readme(summary, ctx.config, ctx)
     summary["seconds"] = time.time() - start
     ctx.write_json("summary.json", summary)
-    print(json.dumps(training.to_python(summary), indent=1))
+    print(json.dumps(harness.to_python(summary), indent=1))
     return {"rows": rows, "figures": paths, "summary": summary}
 
 
-EXPERIMENT = training.Experiment(
-    name="init_theory", doc=__doc__, add_flags=add_flags, setup=setup, run=run, smoke=SMOKE,
-    resumable=False, outputs=(*FIGURES.values(), "results.csv", "summary.json", "README.md"),
-    check=lambda args: "--n must be >= 2" if args.n < 2 else None)  # fmt: skip
+EXPERIMENT = harness.Experiment(
+    name="init_theory",
+    doc=__doc__,
+    config=Config(),
+    setup=setup,
+    run=run,
+    smoke=SMOKE,
+    outputs=(*FIGURES.values(), "results.csv", "summary.json", "README.md"),
+)
 
 
 def main(argv=None) -> dict:
-    return training.run(EXPERIMENT, argv)
+    return harness.run(EXPERIMENT, argv)
 
 
 if __name__ == "__main__":

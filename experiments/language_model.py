@@ -23,7 +23,8 @@ Usage: ``python -m experiments.language_model [--smoke]`` (KJV, 300 steps/model:
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import functools
 import math
 import time
 
@@ -33,167 +34,154 @@ import numpy as np
 import optax
 
 import deqjax as dq
-from deqjax import data, training
+from deqjax import data, harness, training
+from deqjax.harness import NonNegativeInt, PositiveFloat, PositiveInt
 
-SMOKE = dict(vocab_size=300, max_train_lines=1500, max_eval_lines=200, d_model=16, num_heads=2,
-             seq_len=16, batch_size=4, max_steps=4, steps=3, eval_segments=2)  # fmt: skip
-
-
-def add_flags(p) -> None:
-    add = p.add_argument
-    add("--corpus", default="kjv", help="kjv | wikitext-103 | path")
-    add("--data_dir", default=None, help="directory with WikiText-103 wiki.*.tokens")
-    add("--vocab_size", type=int, default=2000, help="sentencepiece vocabulary size")
-    add("--max_train_lines", type=int, default=0, help="0: all")
-    add("--max_eval_lines", type=int, default=2000, help="0: all")
-    add("--models", default="deq,tied,untied", help="comma-separated: deq, tied, untied")
-    add("--d_model", type=int, default=64, help="model width")
-    add("--num_heads", type=int, default=4, help="attention heads")
-    add("--seq_len", type=int, default=64, help="tokens per segment")
-    add("--batch_size", type=int, default=16, help="segments per batch")
-    add("--max_steps", type=int, default=12, help="DEQ Anderson steps")
-    add("--tol", type=float, default=1e-3, help="forward solver tolerance")
-    add("--depth", type=int, default=0, help="explicit depth; 0: the DEQ's NFE")
-    add("--pre_ln", action="store_true", help="pre-layer-norm cells (default post-LN)")
-    add("--d_ff", type=int, default=0, help="FFN width; 0: 2 d_model")
-    add("--ffn_init", choices=("paper", *dq.models.INIT_FAMILIES), default="paper", help="FFN W")
-    add("--ffn_scale", type=float, default=1.0, help="ensemble scale of --ffn_init")
-    add("--jr_gamma", type=float, default=0.0, help="JR weight (0: off)")
-    add("--adjoint", choices=dq.training.GRADIENTS, default="implicit", help="DEQ gradient")
-    add("--memory", action=argparse.BooleanOptionalAction, default=True, help="carry memory")
-    add("--mem_len", type=int, default=0, help="memory positions M; 0: seq_len")
-    add("--steps", type=int, default=300, help="training steps per model")
-    add("--eval_segments", type=int, default=20, help="validation segments evaluated")
-    add("--learning_rate", type=float, default=5e-3, help="peak learning rate")
-    add("--clip", type=float, default=0.25, help="global gradient-norm clip")
+Kinds = harness.choice_list(("deq", "tied", "untied"))  # the models --models may name
+SMOKE = {"seq_len": 16, "batch_size": 4, "steps": 3, "eval_segments": 2}
 
 
-def setup(args):
-    name = args.corpus if args.data_dir is None or args.corpus != "kjv" else "wikitext-103"
-    corpus = data.load_lm_corpus(name, data_dir=args.data_dir, allow_standin=True)
-    print(f"data source: {corpus.source}")
-    lines = corpus.train[: args.max_train_lines] if args.max_train_lines else corpus.train
-    tok = data.train_sentencepiece(lines, vocab_size=args.vocab_size)
-    train = np.asarray(tok.encode_lines(lines), np.int32)
-    lines = corpus.valid[: args.max_eval_lines] if args.max_eval_lines else corpus.valid
-    valid = np.asarray(tok.encode_lines(lines), np.int32)
-    print(f"tokens: train={train.size} valid={valid.size} vocab={tok.vocab_size}")
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The corpus, the models compared and their training."""
+
+    models: Kinds = ("deq", "tied", "untied")  # comma-separated: deq, tied, untied
+    seq_len: PositiveInt = 64  # tokens per segment
+    batch_size: PositiveInt = 16  # segments per batch
+    depth: NonNegativeInt = 0  # explicit depth; 0: the DEQ's NFE
+    memory: bool = True  # carry memory (--no_memory: none)
+    mem_len: NonNegativeInt = 0  # memory positions M; 0: seq_len
+    steps: PositiveInt = 300  # training steps per model
+    eval_segments: PositiveInt = 20  # validation segments evaluated
+    learning_rate: PositiveFloat = 5e-3  # peak learning rate
+    clip: PositiveFloat = 0.25  # global gradient-norm clip
+    data: harness.CorpusConfig = harness.CorpusConfig()
+    deq: harness.SequenceModelConfig = harness.SequenceModelConfig()
+    run: harness.ResumableRunConfig = harness.ResumableRunConfig()
+
+
+def setup(c: Config):
+    corpus = c.data.load()
     extra = {"data_source": corpus.source, "is_standin": corpus.is_standin}
-    return (tok.vocab_size, train, valid), extra | {"tokenizer": str(tok.model_path)}
+    return (corpus.vocab_size, corpus.train, corpus.valid), extra | {"tokenizer": corpus.tokenizer}
 
 
-def build(kind: str, args, vocab: int, depth: int) -> hk.Transformed:
-    """``apply(params, rng, tokens, mems, is_training) -> (logits, aux)``."""
-    solver, adjoint = dq.training.solver_and_adjoint(
-        args.adjoint, max_steps=args.max_steps, tol=args.tol, tau=0.8)  # fmt: skip
-    reg = dq.regularization.JacobianRegularizer(args.jr_gamma) if args.jr_gamma > 0 else None
-    ffn = None if (f := args.ffn_init) == "paper" else dq.models.recurrent_init(f, args.ffn_scale)
-
-    def forward(tokens, mems, is_training):
-        return dq.models.SequenceModel(
-            vocab, kind, d_model=args.d_model, num_heads=args.num_heads, depth=depth,
-            pre_ln=args.pre_ln, solver=solver, adjoint=adjoint, d_ff=args.d_ff or None,
-            ffn_init=ffn, regularizer=reg, embed_init=hk.initializers.RandomNormal(0.02),
-        )(tokens, mems, is_training=is_training)  # fmt: skip
-
-    return hk.transform(forward)
-
-
-def memory(kind: str, depth: int, args, batch_size: int):
+def memory(kind: str, depth: int, c: Config, batch_size: int):
     """Zero memory, ``[B, M, D]`` or ``[depth, B, M, D]``; None without ``--memory``."""
-    m, d = args.mem_len or args.seq_len, args.d_model
-    kw = dict(batch_size=batch_size, memory_length=m, d_model=d, depth=depth)
-    return dq.models.initial_memory(kind, **kw) if args.memory else None
+    kw = dict(batch_size=batch_size, memory_length=c.mem_len or c.seq_len, depth=depth)
+    return dq.models.initial_memory(kind, d_model=c.deq.d_model, **kw) if c.memory else None
 
 
-def run_model(kind: str, depth: int, args, inputs, ctx) -> dict:
+def run_model(kind: str, depth: int, c: Config, inputs, ctx) -> dict:
     wall0 = time.perf_counter()
     vocab, train, valid = inputs
-    model = build(kind, args, vocab, depth)
-    b, t, m = args.batch_size, args.seq_len, (args.mem_len or args.seq_len)
-    mem0 = memory(kind, depth, args, b // jax.device_count())  # fit's carry: per device
+    embed_init = hk.initializers.RandomNormal(0.02)
+    model = c.deq.transform(vocab, kind, depth=depth, embed_init=embed_init)
+    b, t, m = c.batch_size, c.seq_len, (c.mem_len or c.seq_len)
+    mem0 = memory(kind, depth, c, b // jax.device_count())  # fit's carry: per device
     first = next(data.LMBatches(train, num_streams=b, segment_length=t))
-    params = model.init(jax.random.PRNGKey(args.seed), first["inputs"], mem0, True)
-    opt = optax.chain(optax.clip_by_global_norm(args.clip), optax.adam(args.learning_rate))
-    loss_fn = dq.models.lm_loss(model, memory_length=m if args.memory else None)
+    params = model.init(jax.random.PRNGKey(c.run.seed), first["inputs"], mem0, True)
+    opt = optax.chain(optax.clip_by_global_norm(c.clip), optax.adam(c.learning_rate))
+    loss_fn = dq.models.lm_loss(model, memory_length=m if c.memory else None)
     carry = () if mem0 is None else mem0
     pair = training.train_step(loss_fn, opt, axis_name=None, with_carry=True)
     state = pair.init(params, jax.random.PRNGKey(0), carry=carry)
     _, mem_bytes = training.compile_with_memory(pair.update, state, first)  # the proxy
-    path = ctx.path(f"metrics_{kind}.jsonl")
-    kw = ctx.fit_kwargs(checkpoint_dir=ctx.path(f"ckpt_{kind}"), metrics_path=path)
-    batches = data.LMBatches(train, num_streams=b, segment_length=t)
-    fit = training.fit(
-        params=params, loss_fn=loss_fn, optimizer=opt, train_data=batches, num_steps=args.steps,
-        rng=jax.random.PRNGKey(args.seed + 1), carry=carry, log_every=1, desc=kind, **kw,
-    )  # fmt: skip
+    trained = ctx.fit(
+        kind,
+        history=("nll", "nfe", "rel_residual", "jac_fro_sq", "z_rms"),
+        batch_size=b,
+        params=params,
+        loss_fn=loss_fn,
+        optimizer=opt,
+        train_data=data.LMBatches(train, num_streams=b, segment_length=t),
+        num_steps=c.steps,
+        rng=jax.random.PRNGKey(c.run.seed + 1),
+        carry=carry,
+        log_every=1,
+        desc=kind,
+    )
     train_s = time.perf_counter() - wall0
-    recs = [r for r in training.read_jsonl(path) if r.get("split") == "train"]
-    hist = {k: [r[k] for r in recs] for k in ("nll", "nfe", "rel_residual", "jac_fro_sq", "z_rms")}
-    step_s = float(np.median([b / r["examples_per_sec"] for r in recs[1:] or recs]))
+    hist, last = trained.history, trained.tail
+    mems = memory(kind, depth, c, b)  # the evaluation's, and the memory a segment carries
+    params = trained.result.state.params
     ev = dq.models.evaluate_lm(
-        model, fit.state.params, valid, num_streams=b, segment_length=t,
-        num_segments=args.eval_segments, memory=memory(kind, depth, args, b),
-    )  # fmt: skip
-    last = lambda k: float(np.mean(hist[k][-max(1, len(hist[k]) // 10) :]))  # noqa: E731
-    carried = memory(kind, depth, args, b)
-    r = {
-        "model": kind, "depth_or_max_steps": args.max_steps if kind == "deq" else depth,
-        "params": int(sum(x.size for x in jax.tree.leaves(fit.state.params))),
-        "train_nll_last": last("nll"), "train_ppl_last": math.exp(last("nll")),
-        "valid_ppl": math.exp(ev["nll"]), "valid_segments": ev["segments"],
-        "forward_nfe_train": float(np.mean(hist["nfe"])), "forward_nfe_train_last": last("nfe"),
-        "forward_nfe_eval": ev["nfe"], "forward_rel_residual_eval": ev["rel_residual"],
-        "forward_rel_residual_train_last": last("rel_residual"),
-        "jac_fro_sq_train_last": last("jac_fro_sq"), "z_rms_train_last": last("z_rms"),
-        "train_step_s_median": step_s, "tokens_per_s": b * t / step_s,
-        "compiled_temp_bytes": mem_bytes and mem_bytes["temp_bytes"], "compiled_memory": mem_bytes,
-        "carried_memory_shape": None if carried is None else list(carried.shape),
-        "carried_memory_bytes": 0 if carried is None else int(carried.nbytes),
-        "wall_s": time.perf_counter() - wall0, "train_wall_s": train_s, "history": hist,
-        "interrupted": fit.interrupted,
-    }  # fmt: skip
+        model,
+        params,
+        valid,
+        num_streams=b,
+        segment_length=t,
+        num_segments=c.eval_segments,
+        memory=mems,
+    )
+    r = {"model": kind, "depth_or_max_steps": c.deq.max_steps if kind == "deq" else depth}
+    r |= {"params": trained.num_params}
+    r |= {"train_nll_last": last("nll"), "train_ppl_last": math.exp(last("nll"))}
+    r |= {"valid_ppl": math.exp(ev["nll"]), "valid_segments": ev["segments"]}
+    r |= {"forward_nfe_train": float(np.mean(hist["nfe"])), "forward_nfe_train_last": last("nfe")}
+    r |= {"forward_nfe_eval": ev["nfe"], "forward_rel_residual_eval": ev["rel_residual"]}
+    r |= {"forward_rel_residual_train_last": last("rel_residual")}
+    r |= {"jac_fro_sq_train_last": last("jac_fro_sq"), "z_rms_train_last": last("z_rms")}
+    r |= {"train_step_s_median": trained.step_seconds, "tokens_per_s": b * t / trained.step_seconds}
+    r |= {
+        "compiled_temp_bytes": mem_bytes and mem_bytes["temp_bytes"],
+        "compiled_memory": mem_bytes,
+    }
+    r |= {"carried_memory_shape": None if mems is None else list(mems.shape)}
+    r |= {"carried_memory_bytes": 0 if mems is None else int(mems.nbytes)}
+    r |= {"wall_s": time.perf_counter() - wall0, "train_wall_s": train_s, "history": hist}
+    r |= {"interrupted": trained.result.interrupted}
     ctx.print(
         f"{kind:7s} params={r['params']} valid_ppl={r['valid_ppl']:.2f} train_ppl="
         f"{r['train_ppl_last']:.2f} nfe={r['forward_nfe_train']:.1f} rel_res(eval)="
         f"{r['forward_rel_residual_eval']:.1e} jac={r['jac_fro_sq_train_last']:.3g} "
-        f"step={1e3 * step_s:.1f}ms temp_bytes={r['compiled_temp_bytes']}"
+        f"step={1e3 * trained.step_seconds:.1f}ms temp_bytes={r['compiled_temp_bytes']}"
     )
     return r
 
 
-def run(args, inputs, ctx) -> dict:
+def run(c: Config, inputs, ctx) -> dict:
     vocab, train, valid = inputs
     counts = np.bincount(train, minlength=vocab).astype(np.float64) + 1.0  # add-one unigram
     ref = float(np.exp(-np.mean(np.log(counts / counts.sum())[valid])))
     ctx.print(f"reference: uniform ppl = {vocab}, unigram ppl = {ref:.1f}")
     results, deq_nfe = [], None
-    for kind in args.models.split(","):
-        depth = args.depth or (max(1, round(deq_nfe)) if deq_nfe else args.max_steps)
-        results.append(run_model(kind, depth, args, inputs, ctx))
+    for kind in c.models:  # the explicit models' depth: the DEQ's mean NFE (or --depth)
+        depth = c.depth or (max(1, round(deq_nfe)) if deq_nfe else c.deq.max_steps)
+        results.append(run_model(kind, depth, c, inputs, ctx))
         deq_nfe = results[-1]["forward_nfe_train"] if kind == "deq" else deq_nfe
         if results[-1]["interrupted"]:
             break
-    curve = lambda ys: (range(1, len(ys) + 1), ys)  # noqa: E731
-    nll = {f"{r['model']} (ppl {r['valid_ppl']:.0f})": curve(r["history"]["nll"]) for r in results}
-    training.line_plot(ctx.path("loss.png"), nll, xlabel="step", ylabel="train NLL (nats/token)")
+    nll = {f"{r['model']} (ppl {r['valid_ppl']:.0f})": r["history"]["nll"] for r in results}
+    harness.line_plot(
+        ctx.path("loss.png"), nll, per_step=True, xlabel="step", ylabel="train NLL (nats/token)"
+    )
     for h in (r["history"] for r in results if r["model"] == "deq"):
-        training.line_plot(
+        harness.line_plot(
             ctx.path("deq_solver.png"),
-            {"forward NFE": curve(h["nfe"]), "relative residual": curve(h["rel_residual"])},
-            xlabel="step", logy=True, hline=args.tol, title="DEQ forward solve",
-        )  # fmt: skip
-    return {
-        "data_source": ctx.config["data_source"], "is_standin": ctx.config["is_standin"],
-        "vocab_size": vocab, "unigram_valid_ppl": ref, "results": results,
-        "interrupted": any(r["interrupted"] for r in results),
-    }  # fmt: skip
+            {"forward NFE": h["nfe"], "relative residual": h["rel_residual"]},
+            per_step=True,
+            xlabel="step",
+            logy=True,
+            hline=c.deq.tol,
+            title="DEQ forward solve",
+        )
+    out = {"data_source": ctx.config["data_source"], "is_standin": ctx.config["is_standin"]}
+    out |= {"vocab_size": vocab, "unigram_valid_ppl": ref, "results": results}
+    return out | {"interrupted": any(r["interrupted"] for r in results)}
 
 
-EXPERIMENT = training.Experiment(
-    name="language_model", doc=__doc__, add_flags=add_flags, setup=setup, run=run, smoke=SMOKE,
-    safe_on_resume=("steps", "eval_segments"), outputs=("loss.png", "deq_solver.png"),
-)  # fmt: skip
+EXPERIMENT = harness.Experiment(
+    name="language_model",
+    doc=__doc__,
+    config=Config(),
+    setup=setup,
+    run=run,
+    smoke=SMOKE,
+    safe_on_resume=("steps", "eval_segments"),
+    outputs=("loss.png", "deq_solver.png"),
+)
+main = functools.partial(harness.run, EXPERIMENT)  # main(argv=None) -> results
 
 if __name__ == "__main__":
-    training.run(EXPERIMENT)
+    main()

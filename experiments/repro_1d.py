@@ -11,31 +11,33 @@ Usage: python -m experiments.repro_1d --fwd_steps 30 --bwd_steps 30 --num_seeds 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import sys
+import functools
 
+from deqjax import harness
 from experiments import synthetic_1d as s1d
 
 
-def main(argv: list[str] | None = None):
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--fwd_steps", type=int, default=6, help="forward Broyden budget")
-    p.add_argument("--bwd_steps", type=int, default=6, help="backward Broyden budget")
-    budgets, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
+@dataclasses.dataclass(frozen=True)
+class Config(s1d.Config):
+    """synthetic_1d's runs, with the Broyden budgets of training."""
 
-    def setup(args):
-        s, extra = s1d.setup(args)
-        s = dataclasses.replace(
-            s,
-            forward=s.forward.replace(max_steps=budgets.fwd_steps),
-            backward=s.backward.replace(max_steps=budgets.bwd_steps),
-        )
-        return s, extra | {"settings": s}
+    fwd_steps: int = 6  # forward Broyden budget
+    bwd_steps: int = 6  # backward Broyden budget
 
-    experiment = dataclasses.replace(s1d.EXPERIMENT, setup=setup)
-    return s1d.training.run(experiment, rest)
 
+def setup(c: Config):
+    (s, runs), extra = s1d.setup(c)
+    s = dataclasses.replace(
+        s,
+        forward=s.forward.replace(max_steps=c.fwd_steps),
+        backward=s.backward.replace(max_steps=c.bwd_steps),
+    )
+    return (s, runs), extra | {"settings": s}
+
+
+EXPERIMENT = dataclasses.replace(s1d.EXPERIMENT, doc=__doc__, config=Config(), setup=setup)
+main = functools.partial(harness.run, EXPERIMENT)  # main(argv=None) -> results
 
 if __name__ == "__main__":
     main()

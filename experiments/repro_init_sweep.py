@@ -18,11 +18,12 @@ Usage: python experiments/repro_init_sweep.py --width 32 --seeds 10 --epochs 10 
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import functools
 import json
 import os
 import time
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,7 @@ import numpy as np
 import optax
 
 import deqjax as dq
-from deqjax import data
+from deqjax import data, harness
 from deqjax import initializers as random_matrices
 
 FAMILIES = {
@@ -39,6 +40,7 @@ FAMILIES = {
     "goe": random_matrices.goe,
 }
 ACTS = {"relu": jax.nn.relu, "tanh": jnp.tanh}
+Families = harness.choice_list(tuple(FAMILIES))  # the matrix families --families names
 
 
 def load(n_train: int, n_test: int):
@@ -65,53 +67,50 @@ def init_run(key, family: str, scale: float, n: int, d_in: int) -> dict[str, jax
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--width", type=int, default=32)
-    p.add_argument("--families", default="gaussian,orthogonal,goe")
-    p.add_argument("--scales", default="0.5,0.75,1,1.25,1.5,1.75,2,2.5,3")
-    p.add_argument("--seeds", type=int, default=10)
-    p.add_argument("--act", choices=list(ACTS), default="relu")
-    p.add_argument("--train_size", type=int, default=10000)
-    p.add_argument("--test_size", type=int, default=2000)
-    p.add_argument("--batch_size", type=int, default=128)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--max_steps", type=int, default=30)
-    p.add_argument("--out", default="runs/repro_init_sweep.json")
-    a = p.parse_args()
-    act = ACTS[a.act]
-    xtr, ytr, xte, yte = load(a.train_size, a.test_size)
-    runs = [
-        (fam, float(s), seed)
-        for fam in a.families.split(",")
-        for s in a.scales.split(",")
-        for seed in range(a.seeds)
-    ]
-    keys = [jax.random.PRNGKey(1000 * seed + 7) for _, _, seed in runs]  # same U, V per seed
-    inits = [init_run(k, f, s, a.width, xtr.shape[1]) for k, (f, s, _) in zip(keys, runs)]
-    params = jax.tree_util.tree_map(lambda *v: jnp.stack(v), *inits)  # [R, ...]
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The sweep (family, scale, seed) and the training of every run."""
 
-    fwd = functools.partial(dq.solvers.anderson, max_steps=a.max_steps, tol=1e-3)
-    bwd = functools.partial(dq.solvers.anderson, max_steps=a.max_steps, tol=1e-3)
+    width: harness.PositiveInt = 32  # DEQ state size n
+    families: Families = ("gaussian", "orthogonal", "goe")  # comma-separated families of W
+    scales: harness.FloatList = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)  # sigma of W
+    seeds: harness.PositiveInt = 10  # seeds per (family, scale)
+    act: Literal[tuple(ACTS)] = "relu"  # the cell's activation phi
+    train_size: harness.PositiveInt = 10000  # training images
+    test_size: harness.PositiveInt = 2000  # test images
+    batch_size: harness.PositiveInt = 128  # batch of every run
+    epochs: harness.PositiveInt = 10  # passes over the training images
+    lr: harness.PositiveFloat = 1e-3  # peak Adam learning rate (cosine decay)
+    max_steps: harness.PositiveInt = 30  # Anderson budget, forward and backward
+    out: str = "runs/repro_init_sweep.json"  # the JSON of every run
+
+
+def make_forward(c: Config):
+    """``forward(params, x) -> (logits, Solution, z*)`` of one run: the DEQ cell of the module
+    docstring, Anderson forward, implicit backward with the same budget, no GMRES fallback."""
+    act = ACTS[c.act]
+    fwd = functools.partial(dq.solvers.anderson, max_steps=c.max_steps, tol=1e-3)
+    bwd = functools.partial(dq.solvers.anderson, max_steps=c.max_steps, tol=1e-3)
     adjoint = dq.ImplicitAdjoint(solver=bwd, fallback=None)
 
     def cell(prm, xb, z):
         return act(z @ prm["W"] + xb @ prm["U"] + prm["b"])
 
     def forward(prm, xb):
-        z0 = jnp.zeros((xb.shape[0], a.width))
+        z0 = jnp.zeros((xb.shape[0], c.width))
         z, sol = dq.fixed_point(cell, prm, xb, z0, solver=fwd, adjoint=adjoint)
         return z @ prm["V"] + prm["c"], sol, z
+
+    return forward
+
+
+def make_epoch(forward, opt):
+    """One epoch of every run: a jitted ``lax.scan`` over the steps of a ``vmap`` over runs."""
 
     def loss_fn(prm, xb, yb):
         logits, sol, _ = forward(prm, xb)
         nll = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), yb[:, None], 1))
         return nll, jnp.mean(sol.num_steps.astype(jnp.float32))
-
-    steps_per_epoch = a.train_size // a.batch_size
-    opt = optax.adam(optax.cosine_decay_schedule(a.lr, steps_per_epoch * a.epochs))
-    opt_state = jax.vmap(opt.init)(params)
 
     def step(prm, ost, xb, yb):
         (nll, nfe), g = jax.value_and_grad(loss_fn, has_aux=True)(prm, xb, yb)
@@ -123,12 +122,18 @@ def main() -> None:
 
     @jax.jit
     def epoch(prm, ost, xs, ys):
-        def body(c, b):
-            prm, ost, m = vstep(*c, *b)
+        def body(carry, batch):
+            prm, ost, m = vstep(*carry, *batch)
             return (prm, ost), m
 
         (prm, ost), m = jax.lax.scan(body, (prm, ost), (xs, ys))
         return prm, ost, m
+
+    return epoch
+
+
+def make_evaluate(forward, act, xte, yte):
+    """``evaluate(stacked params) -> (error, NFE, converged fraction, J at z*)`` per run."""
 
     @jax.jit
     def evaluate(prm):
@@ -143,44 +148,50 @@ def main() -> None:
 
         return jax.lax.map(one, prm)
 
-    def spectral(jac):
-        return np.abs(np.linalg.eigvals(np.asarray(jac, np.float64))).max(-1).mean(-1)
+    return evaluate
 
+
+def main(argv: list[str] | None = None) -> None:
+    c = harness.parse_config(Config(), argv, description=__doc__)
+    xtr, ytr, xte, yte = load(c.train_size, c.test_size)
+    grid = harness.grid(family=c.families, scale=c.scales, seed=range(c.seeds))
+    runs = [(r["family"], r["scale"], r["seed"]) for r in grid]
+    keys = [jax.random.PRNGKey(1000 * seed + 7) for _, _, seed in runs]  # same U, V per seed
+    inits = [init_run(k, f, s, c.width, xtr.shape[1]) for k, (f, s, _) in zip(keys, runs)]
+    params = jax.tree_util.tree_map(lambda *v: jnp.stack(v), *inits)  # [R, ...]
+    forward = make_forward(c)
+    steps_per_epoch = c.train_size // c.batch_size
+    opt = optax.adam(optax.cosine_decay_schedule(c.lr, steps_per_epoch * c.epochs))
+    opt_state = jax.vmap(opt.init)(params)
+    epoch = make_epoch(forward, opt)
+    evaluate = make_evaluate(forward, ACTS[c.act], xte, yte)
     t0 = time.perf_counter()
     err0, nfe0, conv0, jac0 = evaluate(params)
-    rho_j0 = spectral(jac0)
+    rho_j0 = np.abs(np.linalg.eigvals(np.asarray(jac0, np.float64))).max(-1).mean(-1)  # per run
     rho_w0 = np.abs(np.linalg.eigvals(np.asarray(params["W"], np.float64))).max(-1)
     rng = np.random.default_rng(0)
     curve = []
-    for ep in range(a.epochs):
-        perm = rng.permutation(a.train_size)[: steps_per_epoch * a.batch_size]
-        xs = jnp.asarray(xtr[perm].reshape(steps_per_epoch, a.batch_size, -1))
-        ys = jnp.asarray(ytr[perm].reshape(steps_per_epoch, a.batch_size))
+    for ep in range(c.epochs):
+        perm = rng.permutation(c.train_size)[: steps_per_epoch * c.batch_size]
+        xs = jnp.asarray(xtr[perm].reshape(steps_per_epoch, c.batch_size, -1))
+        ys = jnp.asarray(ytr[perm].reshape(steps_per_epoch, c.batch_size))
         params, opt_state, (nll, nfe) = epoch(params, opt_state, xs, ys)
         curve.append([np.asarray(nll).mean(0).tolist(), np.asarray(nfe).mean(0).tolist()])
-        print(f"epoch {ep + 1}/{a.epochs} {time.perf_counter() - t0:.0f}s", flush=True)
+        print(f"epoch {ep + 1}/{c.epochs} {time.perf_counter() - t0:.0f}s", flush=True)
     err, nfe, conv, jac = evaluate(params)
-    rows = [
-        {
-            "family": f,
-            "scale": s,
-            "seed": seed,
-            "width": a.width,
-            "rho_W_init": float(rho_w0[i]),
-            "rho_J_init": float(rho_j0[i]),
-            "test_err_init": float(err0[i]),
-            "test_err": float(err[i]),
-            "test_nfe": float(nfe[i]),
-            "test_converged": float(conv[i]),
-            "train_nll_per_epoch": [c[0][i] for c in curve],
-            "train_nfe_per_epoch": [c[1][i] for c in curve],
-        }
-        for i, (f, s, seed) in enumerate(runs)
-    ]
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as fh:
-        json.dump({"args": vars(a), "wall_s": time.perf_counter() - t0, "rows": rows}, fh)
-    print(f"wrote {a.out} ({time.perf_counter() - t0:.0f}s)")
+    rows = []
+    for i, (f, s, seed) in enumerate(runs):
+        row = {"family": f, "scale": s, "seed": seed, "width": c.width}
+        row |= {"rho_W_init": float(rho_w0[i]), "rho_J_init": float(rho_j0[i])}
+        row |= {"test_err_init": float(err0[i]), "test_err": float(err[i])}
+        row |= {"test_nfe": float(nfe[i]), "test_converged": float(conv[i])}
+        row["train_nll_per_epoch"] = [ep[0][i] for ep in curve]
+        rows.append(row | {"train_nfe_per_epoch": [ep[1][i] for ep in curve]})
+    os.makedirs(os.path.dirname(c.out) or ".", exist_ok=True)
+    with open(c.out, "w") as fh:
+        args = harness.flat_dict(c)
+        json.dump({"args": args, "wall_s": time.perf_counter() - t0, "rows": rows}, fh)
+    print(f"wrote {c.out} ({time.perf_counter() - t0:.0f}s)")
 
 
 if __name__ == "__main__":

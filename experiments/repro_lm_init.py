@@ -20,7 +20,7 @@ Usage (REPRODUCTION.md claim 2; ~1 min per run on 2 CPU cores):
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import math
 import os
@@ -28,8 +28,28 @@ import sys
 
 import numpy as np
 
-from deqjax import training
+import deqjax as dq
+from deqjax import harness
 from experiments import language_model as lm
+
+Families = harness.choice_list(dq.models.INIT_FAMILIES)  # the FFN ensembles --families names
+# Flags fixed by the sweep itself: not passed after ``--``.
+OWN = ("--d_model", "--d_ff", "--ffn_init", "--ffn_scale", "--seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The sweep: FFN ensembles, scales, seeds; the rest is language_model's (after --)."""
+
+    families: Families = ("gaussian", "orthogonal", "goe")  # comma-separated FFN ensembles
+    scales: harness.FloatList = (2.0,)  # comma-separated ensemble scales of the FFN
+    seeds: harness.PositiveInt = 8  # seeds per (scale, family)
+    first_seed: int = 0  # the first seed
+    d_model: harness.PositiveInt = 32  # also the FFN width d_ff
+    threshold: float = 4.8  # validation loss, nats/token
+    curve_every: harness.PositiveInt = 10  # steps per curve point kept
+    out_dir: str = "runs/repro_lm_init"  # one run folder per (scale, family, seed) inside
+    summary: str = ""  # summary path (default: <out_dir>/summary.json)
 
 
 def block_means(xs: list[float], block: int) -> list[float]:
@@ -46,7 +66,7 @@ def run_one(out: str, family: str, scale: float, seed: int, d_ff: int, rest: lis
         argv += ["--ffn_scale", str(scale), "--d_ff", str(d_ff), *rest]
         argv += ["--resume"] if os.path.exists(os.path.join(out, "config.json")) else []
         try:
-            training.run(lm.EXPERIMENT, argv)
+            harness.run(lm.EXPERIMENT, argv)
         except SystemExit as e:  # 3: a non-finite stop; the run counts as failed
             if e.code not in (0, None, 3):
                 raise
@@ -54,51 +74,44 @@ def run_one(out: str, family: str, scale: float, seed: int, d_ff: int, rest: lis
     r = res["results"][0]
     hist = r.get("history", {"nll": [], "nfe": [], "rel_residual": []})
     ppl = r.get("valid_ppl", math.inf)
-    return {
-        "family": family, "scale": scale, "seed": seed,
-        "valid_loss": math.log(ppl) if math.isfinite(ppl) else math.inf,
-        "nfe_last": r.get("forward_nfe_train_last", math.nan),
-        "rel_residual_last": r.get("forward_rel_residual_train_last", math.nan),
-        "train_nll": hist["nll"], "nfe": hist["nfe"], "rel_residual": hist["rel_residual"],
-    }  # fmt: skip
+    row = {"family": family, "scale": scale, "seed": seed}
+    row["valid_loss"] = math.log(ppl) if math.isfinite(ppl) else math.inf
+    row["nfe_last"] = r.get("forward_nfe_train_last", math.nan)
+    row["rel_residual_last"] = r.get("forward_rel_residual_train_last", math.nan)
+    row |= {"train_nll": hist["nll"], "nfe": hist["nfe"], "rel_residual": hist["rel_residual"]}
+    return row
 
 
-def main() -> None:
-    argv = sys.argv[1:]
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     rest = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--families", default="gaussian,orthogonal,goe")
-    p.add_argument("--scales", default="2", help="comma-separated ensemble scales of the FFN")
-    p.add_argument("--seeds", type=int, default=8)
-    p.add_argument("--first_seed", type=int, default=0)
-    p.add_argument("--d_model", type=int, default=32, help="also the FFN width d_ff")
-    p.add_argument("--threshold", type=float, default=4.8, help="validation loss, nats/token")
-    p.add_argument("--curve_every", type=int, default=10, help="steps per curve point kept")
-    p.add_argument("--out_dir", default="runs/repro_lm_init")
-    p.add_argument("--summary", default="", help="summary path (default: <out_dir>/summary.json)")
-    a = p.parse_args(argv)
-    if any(f in rest for f in ("--d_model", "--d_ff", "--ffn_init", "--ffn_scale", "--seed")):
-        p.error("set --d_model (it is also d_ff), the families, scales and seeds before '--'")
-    rest = ["--d_model", str(a.d_model), *rest]
+    c = harness.parse_config(Config(), argv, description=__doc__)
+    if any(f in rest for f in OWN):
+        message = "set --d_model (it is also d_ff), the families, scales and seeds before '--'"
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+    rest = ["--d_model", str(c.d_model), *rest]
+    seeds = range(c.first_seed, c.first_seed + c.seeds)
     rows = []
-    for scale in (float(s) for s in a.scales.split(",")):
-        for fam in a.families.split(","):
-            for seed in range(a.first_seed, a.first_seed + a.seeds):
-                out = os.path.join(a.out_dir, f"s{scale:g}_{fam}_seed{seed}")
-                rows.append(run_one(out, fam, scale, seed, a.d_model, rest))
+    for run in harness.grid(scale=c.scales, family=c.families, seed=seeds):
+        out = os.path.join(c.out_dir, f"s{run['scale']:g}_{run['family']}_seed{run['seed']}")
+        rows.append(run_one(out, run["family"], run["scale"], run["seed"], c.d_model, rest))
     for r in rows:
-        r["below_threshold"] = float(r["valid_loss"] < a.threshold)
+        r["below_threshold"] = float(r["valid_loss"] < c.threshold)
         for k in ("train_nll", "nfe", "rel_residual"):
-            r[k] = block_means(r[k], a.curve_every)
-    with open(a.summary or os.path.join(a.out_dir, "summary.json"), "w") as f:
-        head = {"argv": sys.argv[1:], "threshold": a.threshold, "curve_every": a.curve_every}
+            r[k] = block_means(r[k], c.curve_every)
+    with open(c.summary or os.path.join(c.out_dir, "summary.json"), "w") as f:
+        head = {"argv": sys.argv[1:], "threshold": c.threshold, "curve_every": c.curve_every}
         json.dump(head | {"runs": rows}, f)
-    table = training.summarize_runs(
-        rows, ("scale", "family"), "valid_loss", name="loss",
+    table = harness.summarize_runs(
+        rows,
+        ("scale", "family"),
+        "valid_loss",
+        name="loss",
         means=("below_threshold", "nfe_last", "rel_residual_last"),
-    )  # fmt: skip
-    print(training.markdown_table(table))
+    )
+    print(harness.markdown_table(table))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Usage: python experiments/repro_preln.py [--seeds 3] [--d_model 64] [--seq_len 3
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import functools
 import json
 
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import deqjax.nn as dqnn
-from deqjax import solvers
+from deqjax import harness, solvers
 
 
 def diagnose(
@@ -75,26 +75,34 @@ def diagnose(
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=2)
-    p.add_argument("--d_model", type=int, default=64)
-    p.add_argument("--seq_len", type=int, default=8)
-    p.add_argument("--batch_size", type=int, default=4)
-    p.add_argument("--max_steps", type=int, default=12)
-    p.add_argument("--x_scale", type=float, nargs="+", default=[0.02, 1.0], help="RMS of x")
-    p.add_argument("--ln", default="post,pre", help="LayerNorm placements to diagnose")
-    p.add_argument("--out", default=None, help="JSON file for the rows")
-    a = p.parse_args()
+Placements = harness.choice_list(("post", "pre"))  # the LayerNorm placements --ln names
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The cells diagnosed: LayerNorm placements, input scales, seeds, sizes."""
+
+    seeds: harness.PositiveInt = 2  # seeds per (x_scale, placement)
+    d_model: harness.PositiveInt = 64  # model width
+    seq_len: harness.PositiveInt = 8  # tokens
+    batch_size: harness.PositiveInt = 4  # examples (the Jacobian is example 0's)
+    max_steps: harness.PositiveInt = 12  # Anderson budget of the forward and backward solves
+    x_scale: tuple[float, ...] = (0.02, 1.0)  # RMS of x
+    ln: Placements = ("post", "pre")  # LayerNorm placements
+    out: str | None = None  # JSON file for the rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    c = harness.parse_config(Config(), argv, description=__doc__)
     rows = []
-    for xs in a.x_scale:
-        for pre_ln in [v == "pre" for v in a.ln.split(",")]:
-            for s in range(a.seeds):
-                r = diagnose(pre_ln, s, a.d_model, a.seq_len, a.batch_size, a.max_steps, xs)
+    for xs in c.x_scale:
+        for pre_ln in [v == "pre" for v in c.ln]:
+            for s in range(c.seeds):
+                r = diagnose(pre_ln, s, c.d_model, c.seq_len, c.batch_size, c.max_steps, xs)
                 rows.append(r)
                 print(json.dumps(r))
-    if a.out:
-        with open(a.out, "w") as fh:
+    if c.out:
+        with open(c.out, "w") as fh:
             json.dump(rows, fh, indent=1)
 
 

@@ -8,7 +8,7 @@ with ``W`` a Haar-random orthogonal matrix times ``--radius`` (every eigenvalue 
 ``radius``; near 1 and above, plain iteration struggles) and ``U``, ``b`` Gaussian. Each example is
 solved on its own (one batch-native solve, ``batch_ndim=1``): its step count and status are its own.
 
-Outputs in ``--out_dir`` (the shared runner, ``dq.training.run``): ``config.json`` (with every
+Outputs in ``--out_dir`` (the shared runner, ``dq.harness.run``): ``config.json`` (with every
 solver object's fields), ``results.json``, ``table.md`` and ``convergence.png`` (median and
 inter-quartile range over examples of the relative residual after each evaluation of ``f``, log
 scale; an example that has stopped keeps its last residual).
@@ -19,6 +19,7 @@ scale; an example that has stopped keeps its last residual).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -28,21 +29,24 @@ import numpy as np
 from sklearn.datasets import load_digits
 from tqdm import tqdm
 
-from deqjax import solvers, training
-from deqjax.training import positive_float, positive_int
+from deqjax import harness, solvers
+from deqjax.harness import PositiveFloat, PositiveInt
 
 SMOKE = {"width": 32, "num_examples": 64, "max_steps": 20, "repeats": 1}
 
 
-def add_flags(p) -> None:
-    g = p.add_argument_group("layer and solvers")
-    g.add_argument("--width", type=positive_int, default=256, help="state size of the layer")
-    g.add_argument("--radius", type=positive_float, default=1.1, help="|eigenvalues| of W")
-    g.add_argument("--max_steps", type=positive_int, default=60, help="solver step budget")
-    g.add_argument("--tol", type=positive_float, default=1e-4, help="relative residual")
-    g.add_argument("--memory", type=positive_int, default=10, help="limited Broyden memory")
-    g.add_argument("--num_examples", type=positive_int, default=1797, help="images (max 1797)")
-    g.add_argument("--repeats", type=positive_int, default=2, help="timed runs (median)")
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The layer and the solvers compared."""
+
+    width: PositiveInt = 256  # state size of the layer
+    radius: PositiveFloat = 1.1  # |eigenvalues| of W
+    max_steps: PositiveInt = 60  # solver step budget
+    tol: PositiveFloat = 1e-4  # relative residual
+    memory: PositiveInt = 10  # limited Broyden memory
+    num_examples: PositiveInt = 1797  # images (max 1797)
+    repeats: PositiveInt = 2  # timed runs (median)
+    run: harness.RunConfig = harness.RunConfig()
 
 
 def make_layer(key: jax.Array, width: int, in_dim: int, radius: float):
@@ -56,14 +60,14 @@ def make_layer(key: jax.Array, width: int, in_dim: int, radius: float):
     return w, u, b
 
 
-def solver_suite(args) -> dict[str, solvers.Solver]:
+def solver_suite(c: Config) -> dict[str, solvers.Solver]:
     """The compared solvers, as objects (their fields go to config.json)."""
-    budget = {"max_steps": args.max_steps, "tol": args.tol}
+    budget = {"max_steps": c.max_steps, "tol": c.tol}
     return {
         "fixed_point_iteration": solvers.FixedPointIteration(**budget),
         "anderson(m=5)": solvers.Anderson(m=5, **budget),
         "broyden(memory=None)": solvers.Broyden(**budget),
-        f"broyden(memory={args.memory})": solvers.Broyden(memory=args.memory, **budget),
+        f"broyden(memory={c.memory})": solvers.Broyden(memory=c.memory, **budget),
     }
 
 
@@ -76,26 +80,28 @@ def carry_forward(trace: np.ndarray) -> np.ndarray:
     return out
 
 
-def setup(args):
-    x = load_digits().data[: args.num_examples] / 16.0  # [N, 64]
+def setup(c: Config):
+    x = load_digits().data[: c.num_examples] / 16.0  # [N, 64]
     extra = {"data": "sklearn.datasets.load_digits", "jax_version": jax.__version__}
-    return np.asarray(x, np.float32), extra | {"solvers": solver_suite(args)}
+    return np.asarray(x, np.float32), extra | {"solvers": solver_suite(c)}
 
 
-def run(args, x, ctx) -> dict:
-    w, u, b = make_layer(jax.random.PRNGKey(args.seed), args.width, x.shape[1], args.radius)
+def run(c: Config, x, ctx) -> dict:
+    w, u, b = make_layer(jax.random.PRNGKey(c.run.seed), c.width, x.shape[1], c.radius)
     inj = jnp.asarray(x) @ u.T + b  # [N, width]: the input injection U x + b, fixed in the solve
     results, traces = {}, {}
-    for name, solver in tqdm(solver_suite(args).items(), desc="solvers", disable=not args.progress):
+    suite = solver_suite(c).items()
+    for name, solver in tqdm(suite, desc="solvers", disable=not c.run.progress):
+        batched = solver.replace(batch_ndim=1)  # batch-native: each example stops on its own
 
-        def solve_batch(inj, solver=solver):  # batch-native: each example stops on its own
+        def solve_batch(inj, solver=batched):
             f = lambda z: jnp.tanh(z @ w.T + inj)  # noqa: E731
-            return solver(f, jnp.zeros_like(inj), batch_ndim=1)
+            return solver(f, jnp.zeros_like(inj))
 
         solve = jax.jit(solve_batch)
         sol = jax.block_until_ready(solve(inj))  # compile + first run
         times = []
-        for _ in range(args.repeats):
+        for _ in range(c.repeats):
             t0 = time.perf_counter()
             jax.block_until_ready(solve(inj))
             times.append(time.perf_counter() - t0)
@@ -114,14 +120,14 @@ def run(args, x, ctx) -> dict:
         }
         traces[name] = carry_forward(np.asarray(sol.trace, np.float64))
     header = (
-        f"z = tanh(W z + U x + b) on {x.shape[0]} sklearn digits, width {args.width}, "
-        f"|eig W| = {args.radius:g}, tol {args.tol:g} (rel), max_steps {args.max_steps}, float32"
+        f"z = tanh(W z + U x + b) on {x.shape[0]} sklearn digits, width {c.width}, "
+        f"|eig W| = {c.radius:g}, tol {c.tol:g} (rel), max_steps {c.max_steps}, float32"
     )
     table = header + "\n\n" + format_table(results)
     print(table)
     with open(ctx.path("table.md"), "w") as fh:
         fh.write(table + "\n")
-    plot(traces, args.tol, ctx.path("convergence.png"), header.replace(", width", ",\nwidth"))
+    plot(traces, c.tol, ctx.path("convergence.png"), header.replace(", width", ",\nwidth"))
     print(f"wrote {ctx.path('convergence.png')}")
     return results
 
@@ -142,7 +148,7 @@ def format_table(results: dict) -> str:
 
 def plot(traces: dict, tol: float, path: str, title: str) -> None:
     """Median and inter-quartile band of the residual traces per solver (log scale)."""
-    fig, ax = training.pyplot().subplots(figsize=(6.4, 4.2))
+    fig, ax = harness.pyplot().subplots(figsize=(6.4, 4.2))
     for name, tr in traces.items():
         steps = np.arange(1, tr.shape[1] + 1)
         q25, q50, q75 = np.percentile(tr, [25, 50, 75], axis=0)
@@ -155,23 +161,22 @@ def plot(traces: dict, tol: float, path: str, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    training.save_figure(fig, path, dpi=120)
+    harness.save_figure(fig, path, dpi=120)
 
 
-EXPERIMENT = training.Experiment(
+EXPERIMENT = harness.Experiment(
     name="solver_demo",
     doc=__doc__,
-    add_flags=add_flags,
+    config=Config(),
     setup=setup,
     run=run,
     smoke=SMOKE,
-    resumable=False,
     outputs=("table.md", "convergence.png"),
 )
 
 
 def main(argv=None) -> dict:
-    return training.run(EXPERIMENT, argv)
+    return harness.run(EXPERIMENT, argv)
 
 
 if __name__ == "__main__":

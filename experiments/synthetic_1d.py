@@ -2,11 +2,11 @@
 regularization, plus the adaptive-γ controller.
 
 Model and data: ``dq.models.ScalarDEQ`` (``f(z; x) = W₂ᵀ ReLU(W₁ z + U x + b)``, ``ŷ = z*``) and
-``dq.models.jr_synthetic_data`` (``y = 3/2 x³ + x² − 5x + 2 sin x − 3 + δ``, ``x ~ U[−2, 2]``),
-4096 train / 1000 val. Training (``dq.training.fit``): Adam with a cosine schedule, batch 64, 50
-epochs, per-example Broyden forward and backward solves with a budget of 6 (ε 1e-3 / 1e-4),
-Jacobian penalty with ``p = 0.4``, ``M = 1``, ``γ ∈ {0, 1, 2, 4}``, and one run whose ``γ`` is set
-by :class:`deqjax.regularization.AdaptiveGamma` from a monitoring solve's NFE.
+``dq.models.jr_synthetic_data`` (``y = 3/2 x³ + x² − 5x + 2 sin x − 3 + δ``, ``x ~ U[−2, 2]``).
+Training (``dq.training.fit``): Adam with a cosine schedule, batch 64, per-example Broyden forward
+and backward solves with a budget of 6 (ε 1e-3 / 1e-4), Jacobian penalty with ``M = 1`` at each
+``--gammas`` value, and one run whose ``γ`` is set by ``dq.regularization.AdaptiveGamma`` from a
+monitoring solve's NFE.
 
 Choices the paper does not fix (logged in ``config.json``): absolute residuals ``|f(z) − z|`` (a
 per-example relative residual is ill-posed for a scalar ``z*`` near 0); peak learning rate 1e-2
@@ -15,20 +15,17 @@ from ``z = 0`` (the iterates of Fig. 5, bottom) and with Broyden (the secant met
 adaptive controller's signal is that fixed-point NFE on each training batch (budget 30, no
 gradient, at the parameters before the step).
 
-All runs share the initial parameters, data order and Bernoulli gates: one stacked parameter tree
-(``jax.vmap`` over runs; the loss sums the runs' losses, so each gradient and Adam update is the
-run's own). Outputs: ``results.csv`` (every seed), ``results.md`` (medians),
-``metrics_seed<s>.jsonl``, ``history.npz``, ``fig5.png``, ``adaptive_gamma.png`` (first seed).
+All runs share the initial parameters, data order and Bernoulli gates (one stacked tree,
+``dq.harness.StackedRuns``). Outputs: ``results.csv`` (every seed), ``results.md`` (medians),
+``metrics_seed<s>.jsonl``; of the first seed ``history.npz``, ``fig5.png``, ``adaptive_gamma.png``.
 
-Usage: ``python experiments/synthetic_1d.py`` (full run, ~3-4 min on 2 CPU cores; ``--smoke``: a
-plumbing check of a few minutes).
+Usage: ``python experiments/synthetic_1d.py`` (~3-4 min on 2 CPU cores; ``--smoke``: minutes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -36,16 +33,18 @@ import numpy as np
 import optax
 
 import deqjax as dq
-from deqjax import models, regularization, training
-from deqjax.training import positive_float, positive_int
+from deqjax import harness, models, regularization, training
 
-SMOKE = {"epochs": 2, "n_train": 512, "n_val": 200, "num_seeds": 1}
-OUTPUTS = ("results.csv", "results.md", "history.npz", "fig5.png", "adaptive_gamma.png")
 MODEL = models.ScalarDEQ(hidden=50)
-
-
-ADAPTIVE = dict(lower_ratio=0.6, increase=1.01, decrease=0.995, min_gamma=0.05, max_gamma=20.0,
-                smoothing=0.9, init_gamma=1.0)  # fmt: skip
+ADAPTIVE = {
+    "lower_ratio": 0.6,
+    "increase": 1.01,
+    "decrease": 0.995,
+    "min_gamma": 0.05,
+    "max_gamma": 20.0,
+    "smoothing": 0.9,
+    "init_gamma": 1.0,
+}
 BROYDEN = functools.partial(dq.solvers.Broyden, stop_mode="abs")
 FPI = functools.partial(dq.solvers.FixedPointIteration, stop_mode="abs")
 
@@ -64,136 +63,137 @@ class Settings:
     eval_broyden: dq.solvers.Solver = BROYDEN(max_steps=100, tol=1e-3)
 
 
-def add_flags(p) -> None:
-    g = p.add_argument_group("runs")
-    g.add_argument("--num_seeds", type=positive_int, default=5, help="seeds per setting")
-    g.add_argument("--epochs", type=positive_int, default=50, help="training epochs per run")
-    g.add_argument("--lr", type=positive_float, default=1e-2, help="peak Adam learning rate")
-    g.add_argument("--gammas", type=float, nargs="+", default=[0.0, 1.0, 2.0, 4.0],
-                   help="fixed JR strengths gamma to compare")  # fmt: skip
-    g.add_argument("--no_adaptive", action="store_true", help="skip the adaptive-γ run")
-    g.add_argument("--nfe_target", type=float, default=8.0, help="NFE the adaptive run aims at")
-    g.add_argument("--p", type=float, default=0.4, help="Bernoulli gate probability of JR")
-    g.add_argument("--n_train", type=positive_int, default=4096, help="training examples")
-    g.add_argument("--n_val", type=positive_int, default=1000, help="validation examples")
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The runs: JR strengths, seeds, training length, data size."""
+
+    num_seeds: harness.PositiveInt = 5  # seeds per setting
+    epochs: harness.PositiveInt = 50  # training epochs per run
+    lr: harness.PositiveFloat = 1e-2  # peak Adam learning rate
+    gammas: tuple[float, ...] = (0.0, 1.0, 2.0, 4.0)  # fixed JR strengths gamma to compare
+    no_adaptive: harness.Switch = False  # skip the adaptive-γ run
+    nfe_target: float = 8.0  # NFE the adaptive run aims at
+    p: float = 0.4  # Bernoulli gate probability of JR
+    n_train: harness.PositiveInt = 4096  # training examples
+    n_val: harness.PositiveInt = 1000  # validation examples
+    run: harness.ResumableRunConfig = harness.ResumableRunConfig()
 
 
-def run_names(args) -> list[str]:
-    return [f"gamma={g:g}" for g in args.gammas] + ([] if args.no_adaptive else ["adaptive"])
+def setup(c: Config):
+    names = [f"gamma={g:g}" for g in c.gammas] + ([] if c.no_adaptive else ["adaptive"])
+    extra = {"settings": Settings(), "adaptive_gamma": ADAPTIVE, "runs": names}
+    extra |= {"seeds": [c.run.seed + i for i in range(c.num_seeds)], "jax": jax.__version__}
+    return (Settings(), harness.StackedRuns(tuple(names))), extra
 
 
-def setup(args):
-    extra = {"settings": Settings(), "adaptive_gamma": ADAPTIVE, "runs": run_names(args)}
-    extra |= {"seeds": [args.seed + i for i in range(args.num_seeds)], "jax": jax.__version__}
-    return Settings(), extra
-
-
-def train(args, s: Settings, seed: int, ctx):
+def train(c: Config, s: Settings, runs: harness.StackedRuns, seed: int, ctx):
     """Trains every run of one seed through ``fit``; returns the stacked params and the records."""
-    xt, yt, _, _ = models.jr_synthetic_data(seed, args.n_train, args.n_val)
-    names, adaptive = run_names(args), jnp.asarray([n == "adaptive" for n in run_names(args)])
-    regularizer = regularization.JacobianRegularizer(0.0, p=args.p, num_samples=s.num_samples)
+    xt, yt, _, _ = models.jr_synthetic_data(seed, c.n_train, c.n_val)
+    regularizer = regularization.JacobianRegularizer(0.0, p=c.p, num_samples=s.num_samples)
     adjoint = dq.ImplicitAdjoint(solver=s.backward)
-    controller = regularization.AdaptiveGamma(target=args.nfe_target, **ADAPTIVE)
+    forward = s.forward.replace(batch_ndim=1)
 
-    def run_loss(params, xb, yb, key, gamma):
-        z0, fwd = jnp.zeros(xb.shape, jnp.float32), s.forward.replace(batch_ndim=1)
-        z, sol = dq.fixed_point(MODEL.batch_cell, params, xb, z0, solver=fwd, adjoint=adjoint)
+    def run_loss(params, batch, key, ctrl, step):  # one run's; ctrl: its controller state
+        xb, yb = batch["x"], batch["y"]
+        z0 = jnp.zeros(xb.shape, jnp.float32)
+        z, sol = dq.fixed_point(MODEL.batch_cell, params, xb, z0, solver=forward, adjoint=adjoint)
         mse = jnp.mean((z - yb) ** 2)
         f = lambda zz: MODEL.batch_cell(params, xb, zz)  # noqa: E731
-        jr, metrics = regularizer.penalty(f, z, key, gamma=gamma)
+        jr, metrics = regularizer.penalty(f, z, key, gamma=ctrl.gamma)
         mon = MODEL.solve(params, xb, s.monitor)
         slope = jnp.mean(jnp.abs(MODEL.slope(jax.lax.stop_gradient(params), xb, mon.value)))
-        metrics |= {"mse": mse, "fwd_residual": jnp.mean(sol.abs_residual), "slope": slope,
-                    "fwd_nfe": jnp.mean(sol.num_steps.astype(jnp.float32)),
-                    "monitor_nfe": jnp.mean(mon.num_steps.astype(jnp.float32))}  # fmt: skip
+        metrics |= {"mse": mse, "fwd_residual": jnp.mean(sol.abs_residual), "slope": slope}
+        metrics["fwd_nfe"] = jnp.mean(sol.num_steps.astype(jnp.float32))
+        metrics["monitor_nfe"] = jnp.mean(mon.num_steps.astype(jnp.float32))
         return mse + jr, metrics
 
-    def loss_fn(params, batch, key, ctrl, step):  # the runs' sum: each gradient is its own
-        losses, m = jax.vmap(run_loss, (0, None, None, None, 0))(
-            params, batch["x"], batch["y"], key, ctrl.gamma)  # fmt: skip
-        return jnp.sum(losses), {
-            f"{k}/{n}": v[i] for k, v in m.items() for i, n in enumerate(names)
-        }
+    adaptive = jnp.asarray([n == "adaptive" for n in runs.names])
+    controller = regularization.AdaptiveGamma(target=c.nfe_target, **ADAPTIVE)
 
     def update_ctrl(ctrl, metrics, step):
-        nfe = jnp.stack([metrics[f"monitor_nfe/{n}"] for n in names])
+        nfe = jnp.stack([metrics[f"monitor_nfe/{n}"] for n in runs.names])
         new = jax.vmap(controller.update)(ctrl, nfe)  # the fixed runs track the signal only
         return new._replace(gamma=jnp.where(adaptive, new.gamma, ctrl.gamma))
 
-    key_init = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
-    stack = lambda t: jax.tree_util.tree_map(lambda a: jnp.stack([a] * len(names)), t)  # noqa: E731
-    gammas = list(args.gammas) + [ADAPTIVE["init_gamma"]] * (not args.no_adaptive)
-    ctrl = stack(controller.init())._replace(gamma=jnp.asarray(gammas, jnp.float32))
+    gammas = list(c.gammas) + [ADAPTIVE["init_gamma"]] * (not c.no_adaptive)
+    ctrl = runs.stack(controller.init())._replace(gamma=jnp.asarray(gammas, jnp.float32))
     it = dq.data.ShuffledBatches({"x": xt, "y": yt}, batch_size=s.batch_size, seed=seed + 1)
-    total = it.steps_per_epoch * args.epochs
-    ckpt = ctx.path(f"ckpt/seed{seed}")
+    total = it.steps_per_epoch * c.epochs
     result = training.fit(
-        params=stack(MODEL.init(key_init)), loss_fn=loss_fn, num_steps=total,
-        optimizer=optax.adam(optax.cosine_decay_schedule(args.lr, total)), train_data=it,
-        rng=jax.random.PRNGKey(seed), per_device_rng=False, reg_state=ctrl,
-        update_reg_state=update_ctrl, log_every=1, desc=f"synthetic_1d seed {seed}",
-        **ctx.fit_kwargs(checkpoint_dir=ckpt, metrics_path=ctx.path(f"metrics_seed{seed}.jsonl"),
-                         resume=ctx.resume and os.path.isdir(ckpt) and bool(os.listdir(ckpt)))
-    )  # fmt: skip
+        params=runs.stack(MODEL.init(jax.random.fold_in(jax.random.PRNGKey(seed), 0))),
+        loss_fn=runs.summed_loss(run_loss, (0, None, None, 0, None)),  # each run's own gradient
+        num_steps=total,
+        optimizer=optax.adam(optax.cosine_decay_schedule(c.lr, total)),
+        train_data=it,
+        rng=jax.random.PRNGKey(seed),
+        per_device_rng=False,
+        reg_state=ctrl,
+        update_reg_state=update_ctrl,
+        log_every=1,
+        desc=f"synthetic_1d seed {seed}",
+        **ctx.fit_kwargs(f"seed{seed}", checkpoint_dir=ctx.path(f"ckpt/seed{seed}")),
+    )
     train = [r for r in result.history if r["split"] == "train"]
     keys = ("monitor_nfe", "slope", "jr/gamma", "mse", "fwd_nfe", "fwd_residual")
-    history = {k: np.asarray([[r[f"{k}/{n}"] for n in names] for r in train]) for k in keys}
-    return result.state.params, history
+    return result.state.params, {k.replace("/", "_"): runs.history(train, k) for k in keys}
 
 
-def unstack(params, names: list[str]) -> dict:  # {run name: that run's params}
-    return {n: jax.tree_util.tree_map(lambda a, i=i: a[i], params) for i, n in enumerate(names)}
-
-
-def evaluate(args, s: Settings, seed: int, params) -> list[dict]:
+def evaluate(c: Config, s: Settings, runs: harness.StackedRuns, seed: int, params) -> list[dict]:
     """The Fig. 5 table (``dq.models.jr_fig5_metrics``) of every run on the validation set."""
-    _, _, xv, yv = map(jnp.asarray, models.jr_synthetic_data(seed, args.n_train, args.n_val))
+    _, _, xv, yv = map(jnp.asarray, models.jr_synthetic_data(seed, c.n_train, c.n_val))
     fig5 = {k: v for k, v in vars(s).items() if k not in ("batch_size", "num_samples", "monitor")}
     one = jax.jit(lambda p: models.jr_fig5_metrics(MODEL, p, xv, yv, **fig5))
-    return [{"run": n, **{k: float(v) for k, v in jax.device_get(one(p)).items()}}
-            for n, p in unstack(params, run_names(args)).items()]  # fmt: skip
+    return [
+        {"run": name} | {k: float(v) for k, v in jax.device_get(one(p)).items()}
+        for name, p in runs.unstack(params).items()
+    ]
 
 
-def plot(args, s: Settings, params, history: dict, ctx) -> None:
+def plot(c: Config, s: Settings, runs: harness.StackedRuns, params, history: dict, ctx) -> None:
     """Fig. 5 per run, and the monitoring NFE, slope (moving averages) and γ per training step."""
-    names, w = run_names(args), min(64, len(history["slope"]))  # moving-average window
-    models.plot_jr_fig5(MODEL, unstack(params, names), ctx.path("fig5.png"), solver=s.tight)
-    avg = lambda v: (np.arange(v.size - w + 1) + w, np.convolve(v, np.ones(w) / w, "valid"))  # noqa: E731
-    per_run = lambda k, f: {n: f(history[k][:, i]) for i, n in enumerate(names)}  # noqa: E731
-    panels = {"fixed-point NFE to 1e-3\n(moving avg)": per_run("monitor_nfe", avg),
-              "mean |∂f/∂z| at z*": per_run("slope", avg),
-              "γ": per_run("jr/gamma", lambda v: (np.arange(v.size), v))}  # fmt: skip
-    training.plot_panels(ctx.path("adaptive_gamma.png"), panels, xlabel="training step",
-                         styles={"adaptive": {"lw": 2.0, "color": "k"}},
-                         hlines={next(iter(panels)): (args.nfe_target, "NFE target")})  # fmt: skip
+    models.plot_jr_fig5(MODEL, runs.unstack(params), ctx.path("fig5.png"), solver=s.tight)
+    nfe, slope = "fixed-point NFE to 1e-3\n(moving avg)", "mean |∂f/∂z| at z*"
+    panels = {nfe: runs.curves(history["monitor_nfe"]), slope: runs.curves(history["slope"])}
+    harness.plot_panels(
+        ctx.path("adaptive_gamma.png"),
+        panels | {"γ": runs.curves(history["jr_gamma"])},
+        xlabel="training step",
+        styles={"adaptive": {"lw": 2.0, "color": "k"}},
+        hlines={nfe: (c.nfe_target, "NFE target")},
+        moving_average={nfe: 64, slope: 64},
+    )
 
 
-def run(args, s: Settings, ctx) -> dict:
+def run(c: Config, inputs, ctx) -> dict:
+    s, runs = inputs
     per_seed = []
     for seed in ctx.config["seeds"]:
-        params, history = train(args, s, seed, ctx)
-        rows, final = evaluate(args, s, seed, params), history["jr/gamma"][-1]
+        params, history = train(c, s, runs, seed, ctx)
+        rows, final = evaluate(c, s, runs, seed, params), history["jr_gamma"][-1]
         per_seed.append([r | {"seed": seed, "final_gamma": float(g)} for r, g in zip(rows, final)])
-        if seed == args.seed:
-            hist = {k.replace("/", "_"): v for k, v in history.items()}
-            np.savez(ctx.path("history.npz"), names=np.asarray(run_names(args)), **hist)
-            plot(args, s, params, history, ctx)
-    training.write_csv(ctx.path("results.csv"), [r for rows in per_seed for r in rows])
-    keys = [k for k in per_seed[0][0] if k != "run"]
-    median = lambda rs: {k: float(np.median([r[k] for r in rs])) for k in keys}  # noqa: E731
-    medians = [{"run": rs[0]["run"], **median(rs)} for rs in zip(*per_seed)]
-    md = f"Median over seeds {ctx.config['seeds']}:\n\n" + training.markdown_table(medians)
-    with open(ctx.path("results.md"), "w") as fh:
-        fh.write(md + "\n")
+        if seed == c.run.seed:
+            np.savez(ctx.path("history.npz"), names=np.asarray(runs.names), **history)
+            plot(c, s, runs, params, history, ctx)
+    every = [r for rows in per_seed for r in rows]
+    harness.write_csv(ctx.path("results.csv"), every)
+    medians = harness.median_rows(every, by=("run",))
+    md = f"Median over seeds {ctx.config['seeds']}:\n\n" + harness.markdown_table(medians)
+    ctx.write_text("results.md", md + "\n")
     print(md)
     return {"medians": medians, "per_seed": per_seed}
 
 
-EXPERIMENT = training.Experiment(
-    name="synthetic_1d", doc=__doc__, add_flags=add_flags, setup=setup, run=run, smoke=SMOKE,
-    safe_on_resume=("num_seeds",), outputs=OUTPUTS)  # fmt: skip
-main = functools.partial(training.run, EXPERIMENT)  # main(argv=None) -> results
+EXPERIMENT = harness.Experiment(
+    name="synthetic_1d",
+    doc=__doc__,
+    config=Config(),
+    setup=setup,
+    run=run,
+    smoke={"epochs": 2, "n_train": 512, "n_val": 200, "num_seeds": 1},
+    safe_on_resume=("num_seeds",),
+    outputs=("results.csv", "results.md", "history.npz", "fig5.png", "adaptive_gamma.png"),
+)
+main = functools.partial(harness.run, EXPERIMENT)  # main(argv=None) -> results
 
 if __name__ == "__main__":
     main()

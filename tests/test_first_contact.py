@@ -1,14 +1,15 @@
 """What a new user meets first: the README's code, the scripts' --help, smoke-run folders, errors.
 
 The README's Python blocks are executed as written (each in a fresh namespace), so an example that
-stops working fails here. The scripts' argument parsers are inspected in one subprocess: every
-flag has help text, descriptions are whole sentences, and ``--smoke`` never writes into the full
-run's folder.
+stops working fails here. Every script's ``--help`` shows help text for every flag and a
+description in whole sentences; ``--smoke`` never writes into the full run's folder; every
+command README.md, BENCHMARKS.md and REPRODUCTION.md show parses.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import importlib
 import os
 import pathlib
 import re
@@ -21,18 +22,20 @@ import jax.numpy as jnp
 import pytest
 
 import deqjax as dq
+from deqjax import harness
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPTS = [
+EXPERIMENTS = [
     "fashion_mnist",
     "solver_demo",
     "init_theory",
     "synthetic_1d",
+    "repro_1d",
     "copy_memory",
     "language_model",
     "cifar10_mdeq",
-    "plot_metrics",
 ]
+SCRIPTS = [*EXPERIMENTS, "plot_metrics", "repro_lm_init", "repro_preln", "repro_init_sweep"]
 
 
 def _readme_python_blocks() -> list[str]:
@@ -85,92 +88,114 @@ def test_deq_names_the_users_unbatched_shape():
             model.init(jax.random.PRNGKey(0), jnp.ones(8, jnp.float32))
 
 
-_INSPECT = r"""
-import argparse, json, os, runpy, sys
-found = {}
+def _module(name: str):
+    return importlib.import_module(f"experiments.{name}")
 
 
-class Stop(Exception):
-    pass
+def _help(name: str, capsys, monkeypatch) -> str:
+    """The script's ``--help`` as a terminal 80 columns wide shows it (one box per group)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as exit_:
+        _module(name).main(["--help"])
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
 
 
-ORIG = argparse.ArgumentParser.parse_args
+def _settings(name: str) -> set[str]:
+    """The names of a script's settings: its flags, ``--<name>`` (bools also ``--no_<name>``)."""
+    module = _module(name)
+    if hasattr(module, "EXPERIMENT"):
+        return set(harness.flat_dict(module.EXPERIMENT.config))
+    fields = dataclasses.fields(module.Config)
+    return {f.name for f in fields if f.default is not dataclasses.MISSING}
 
 
-def fake_parse(self, args=None, namespace=None):
-    # record the parser, and the namespace the script's own flow produces, then stop the script
-    entry = found.setdefault(NAME, {})
-    entry["missing"] = [
-        a.option_strings[0] for a in self._actions
-        if a.option_strings and not a.help and a.dest != "help"
-    ]
-    entry["description"] = self.description
-    ns = ORIG(self, args, namespace)
-    entry[MODE + "_out_dir"] = getattr(ns, "out_dir", None)
-    raise Stop
+def _options(help_text: str, settings: set[str]) -> dict[str, str]:
+    """``{setting: its help text}`` of tyro's option groups (default notes removed).
 
-
-argparse.ArgumentParser.parse_args = fake_parse
-for NAME in SCRIPTS:
-    for MODE, argv in (("full", []), ("smoke", ["--smoke"])):
-        if NAME == "plot_metrics":
-            argv = ["metrics.jsonl"]
-        sys.argv = [NAME, *argv]
-        try:
-            runpy.run_module("experiments." + NAME, run_name="__main__")
-        except Stop:
-            pass
-print(json.dumps(found))
-"""
-
-
-@pytest.fixture(scope="module")
-def parsers() -> dict:
-    code = f"ROOT = {str(ROOT)!r}\nSCRIPTS = {SCRIPTS!r}\n" + _INSPECT
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(ROOT),
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_every_flag_has_help(parsers, name):
-    assert name in parsers, sorted(parsers)
-    assert parsers[name]["missing"] == [], parsers[name]["missing"]
+    Each group is a box (``│ line │``) or, where stdout is not UTF-8, lines indented by two
+    spaces; in it an option line starts with the option's flags, its help follows after two
+    spaces or on the indented lines below (a long metavar may take a line of its own first).
+    """
+    options: dict[str, str] = {}
+    name = None
+    for line in help_text.splitlines():
+        if line.startswith("│ "):
+            content = line[2:].rstrip("│ ")
+        elif line.startswith("  "):
+            content = line[2:].rstrip()
+        else:
+            name = None
+            continue
+        spec, _, text = content.partition("  ")
+        flags = [f.strip(",").removeprefix("--") for f in spec.split() if f.startswith("--")]
+        names = [f for flag in flags for f in (flag, flag.removeprefix("no_")) if f in settings]
+        if content.startswith("--") and names:
+            name = names[0]
+            options[name] = text.strip()
+        elif content.startswith(" ") and name is not None:
+            options[name] += " " + content.strip()
+        elif name is not None and options[name]:
+            name = None  # the next group, or the end of the options
+    return {k: re.sub(r"\(default: .*?\)", "", text).strip() for k, text in options.items()}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_descriptions_are_whole_sentences(parsers, name):
-    first_paragraph = parsers[name]["description"].strip().split("\n\n")[0]
+def test_every_flag_has_help_and_the_description_is_whole_sentences(name, capsys, monkeypatch):
+    text = _help(name, capsys, monkeypatch)
+    settings = _settings(name)
+    options = _options(text, settings)
+    assert set(options) == settings, sorted(settings - set(options))
+    missing = [flag for flag, help_text in options.items() if not help_text]
+    assert missing == [], missing
+    description = text.split("\n\n", 1)[1]  # after the usage line
+    first_paragraph = description.strip().split("\n\n")[0]
     assert first_paragraph.endswith("."), first_paragraph[-80:]
+    doc = "".join(_module(name).__doc__.split())
+    assert "".join(first_paragraph.split()) in doc  # the module docstring's first paragraph
 
 
-@pytest.mark.parametrize("name", [s for s in SCRIPTS if s != "plot_metrics"])
-def test_smoke_runs_never_write_into_the_full_runs_folder(parsers, name):
-    entry = parsers[name]
-    assert entry["smoke_out_dir"] and entry["full_out_dir"], entry
-    assert entry["smoke_out_dir"] != entry["full_out_dir"]
-    assert entry["smoke_out_dir"].endswith("_smoke"), entry["smoke_out_dir"]
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_smoke_runs_never_write_into_the_full_runs_folder(name):
+    experiment = _module(name).EXPERIMENT
+    full, smoke = experiment.parse([]).run.out_dir, experiment.parse(["--smoke"]).run.out_dir
+    assert smoke != full and smoke.endswith("_smoke"), (full, smoke)
 
 
-def test_curves_have_legends_and_no_flat_panels():
-    from deqjax._src.training import plots
+def _documented_commands() -> list[tuple[str, str, list[str]]]:
+    """``(document, script, argv)`` of every experiment command in the three documents, with
+    their placeholders (``S``, ``G``, ``OUT``, ``[--optional]``) filled in."""
+    commands = []
+    for doc in ("README.md", "BENCHMARKS.md", "REPRODUCTION.md"):
+        text = re.sub(r"\\\n\s*", " ", (ROOT / doc).read_text())  # continued lines
+        pattern = r"python3? (?:-m experiments\.|experiments/)(\w+)(?:\.py)?([^`\n#|]*)"
+        for match in re.finditer(pattern, text):
+            argv = re.sub(r"[\[\]]", "", match.group(2)).split()
+            argv = [PLACEHOLDERS.get(a, a) for a in argv]
+            commands.append((doc, match.group(1), argv))
+    return commands
 
-    records = []
-    for step in (10, 20, 30):
-        records.append({"split": "train", "step": step, "loss": 1.0 / step, "jr/gamma": 1.0})
-        records.append({"split": "diagnostics", "step": step, "spectral_radius": 0.5 + step})
-    records.append({"split": "eval", "step": 30, "loss": 0.05})
-    fig, names, constant = plots.make_figure(records)
-    assert names == ["loss", "spectral_radius"] and constant == {"jr/gamma": 1.0}
-    panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
-    assert len(panels) == 2
-    for ax in panels:  # a diagnostics-only panel too says what its line is
-        assert ax.get_legend() is not None, ax.get_title()
-    assert any("jr/gamma = 1" in t.get_text() for t in fig.texts)
+
+PLACEHOLDERS = {"S": "0", "G": "1", "N": "2", "I": "0", "OUT": "runs/out", "HOST:PORT": "h:1"}
+
+
+def _parse_command(script: str, argv: list[str]) -> None:
+    module = _module(script)
+    if hasattr(module, "EXPERIMENT"):
+        module.EXPERIMENT.parse(argv)
+    elif script == "repro_lm_init":  # its own flags, then the language model's after "--"
+        cut = argv.index("--") if "--" in argv else len(argv)
+        harness.parse_config(module.Config(), argv[:cut])
+        _module("language_model").EXPERIMENT.parse(argv[cut + 1 :])
+    else:
+        harness.parse_config(module.Config(), argv)
+
+
+def test_every_documented_command_parses():
+    commands = _documented_commands()
+    assert len(commands) > 30 and {script for _, script, _ in commands} >= set(EXPERIMENTS)
+    for doc, script, argv in commands:
+        try:
+            _parse_command(script, argv)
+        except SystemExit as e:
+            pytest.fail(f"{doc}: python -m experiments.{script} {' '.join(argv)} (exit {e.code})")

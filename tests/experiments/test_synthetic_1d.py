@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import deqjax as dq
-from deqjax import training
 from experiments import synthetic_1d as s1d
 
 # optax's schedules (used by the experiment) mix int32 step counts with Python floats, which
@@ -29,14 +28,15 @@ def test_data_and_model():
 
 
 def test_flags():
-    args = training.parse_experiment_args(s1d.EXPERIMENT, ["--smoke", "--seed", "3"])
-    assert (args.epochs, args.n_train, args.num_seeds, args.seed) == (2, 512, 1, 3)
-    assert args.out_dir == "runs/synthetic_1d_smoke"
+    c = s1d.EXPERIMENT.parse(["--smoke", "--seed", "3"])
+    assert (c.epochs, c.n_train, c.num_seeds, c.run.seed) == (2, 512, 1, 3)
+    assert c.run.out_dir == "runs/synthetic_1d_smoke"
     argv = ["--epochs", "7", "--gammas", "0", "2", "--no_adaptive"]
-    args = training.parse_experiment_args(s1d.EXPERIMENT, argv)
-    assert args.epochs == 7 and args.gammas == [0.0, 2.0] and args.no_adaptive
-    assert args.num_seeds == 5 and args.lr == 1e-2 and args.p == 0.4
-    assert s1d.run_names(args) == ["gamma=0", "gamma=2"]
+    c = s1d.EXPERIMENT.parse(argv)
+    assert c.epochs == 7 and c.gammas == (0.0, 2.0) and c.no_adaptive
+    assert c.num_seeds == 5 and c.lr == 1e-2 and c.p == 0.4
+    (_, runs), _ = s1d.setup(c)
+    assert runs.names == ("gamma=0", "gamma=2")
 
 
 @pytest.mark.slow  # ~1-2 min: 640 steps through fit (a host sync per step for the curves)

@@ -40,8 +40,8 @@ def run_smoke(
       data_source: also require the ``data source:`` line some experiments print.
       timeout: seconds.
     """
-    proc = run_module(script, "--smoke", "--no_progress", "--out_dir", str(out_dir), *flags,
-                      timeout=timeout)  # fmt: skip
+    flags = ("--smoke", "--no_progress", "--out_dir", str(out_dir), *flags)
+    proc = run_module(script, *flags, timeout=timeout)
     if data_source:
         assert "data source:" in proc.stdout
     assert (out_dir / "config.json").exists()

@@ -42,7 +42,7 @@ def test_configs_round_trip_through_json():
     d = json.loads(json.dumps(s.to_dict()))
     assert d["solver"] == "Anderson" and d["m"] == 3
     assert dq.solvers.from_dict(d) == s
-    assert dq.solvers.from_dict(dq.training.to_python(s)) == s  # a run's config.json entry
+    assert dq.solvers.from_dict(dq.harness.to_python(s)) == s  # a run's config.json entry
     sampled = dq.solvers.Anderson(max_steps=8, sample_steps=(2, 4))
     back = dq.solvers.from_dict(json.loads(json.dumps(sampled.to_dict())))  # tuple -> list -> tuple
     assert back == sampled and hash(back) == hash(sampled)

@@ -11,25 +11,26 @@ import numpy as np
 import pytest
 
 from deqjax import training
+from deqjax._src.training.distributed import distributed_config
 from tests.helpers.train_worker import WORKER, worker_env
 
 
 def test_distributed_config_from_flags_and_env():
-    assert training.distributed_config(environ={}) is None
+    assert distributed_config(environ={}) is None
     env = {
         "DEQJAX_COORDINATOR_ADDRESS": "10.0.0.1:1234",
         "DEQJAX_NUM_PROCESSES": "4",
         "DEQJAX_PROCESS_ID": "2",
     }
-    assert training.distributed_config(environ=env) == ("10.0.0.1:1234", 4, 2)
-    assert training.distributed_config(process_id=3, environ=env).process_id == 3  # flag wins
-    assert training.distributed_config("h:1", 1, 0, environ={}) is None  # one process
+    assert distributed_config(environ=env) == ("10.0.0.1:1234", 4, 2)
+    assert distributed_config(process_id=3, environ=env).process_id == 3  # flag wins
+    assert distributed_config("h:1", 1, 0, environ={}) is None  # one process
     with pytest.raises(ValueError, match="process_id"):
-        training.distributed_config("h:1", 2, 2, environ={})
+        distributed_config("h:1", 2, 2, environ={})
     with pytest.raises(ValueError, match="coordinator_address"):
-        training.distributed_config(None, 2, 0, environ={})
+        distributed_config(None, 2, 0, environ={})
     with pytest.raises(ValueError, match="host:port"):
-        training.distributed_config("h", 2, 0, environ={})
+        distributed_config("h", 2, 0, environ={})
     assert training.initialize_distributed(environ={}) is None  # single process: no-op
 
 

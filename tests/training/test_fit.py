@@ -19,7 +19,7 @@ import numpy as np
 import optax
 import pytest
 
-from deqjax import data, training
+from deqjax import data, harness, training
 from deqjax._src.training.checkpoint import all_finite, tree_digest
 from deqjax._src.training.train_state import create_train_state
 from experiments import plot_metrics
@@ -79,7 +79,7 @@ def test_fit_learns_digits(tmp_path):
     png = tmp_path / "curves.png"
     plot_metrics.main([str(tmp_path / "metrics.jsonl"), "--out", str(png)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    names = training.plot_metrics(records, str(png), metrics=["loss", "accuracy", "nope"])
+    names = harness.plot_metrics(records, str(png), metrics=["loss", "accuracy", "nope"])
     assert names == ["loss", "accuracy"]
 
 

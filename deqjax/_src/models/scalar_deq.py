@@ -156,7 +156,7 @@ def plot_jr_fig5(
     Returns:
       ``path``.
     """
-    from deqjax._src.training.plots import pyplot, save_figure
+    from deqjax._src.harness.figures import pyplot, save_figure
 
     num = len(params)
     fig = pyplot().figure(figsize=(4.0 * num, 8.0))

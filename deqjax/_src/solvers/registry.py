@@ -31,7 +31,7 @@ BY_NAME: dict[str, type[Solver]] = {cls.__name__: cls for cls in BY_FUNCTION.val
 
 def from_dict(config: dict[str, Any]) -> Solver:
     """Rebuilds a solver object from :meth:`~deqjax.solvers.Solver.to_dict`'s output (e.g. a run's
-    config.json; the class name may also stand under ``"type"``, as ``dq.training.to_python``
+    config.json; the class name may also stand under ``"type"``, as ``dq.harness.to_python``
     writes it).
 
     Raises:

@@ -9,7 +9,6 @@ its local devices with its own shard of the data (:class:`~deqjax.data.ShuffledB
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -27,26 +26,6 @@ class DistributedConfig(NamedTuple):
     coordinator_address: str  # "host:port" of process 0
     num_processes: int
     process_id: int
-
-
-def add_distributed_flags(parser: argparse.ArgumentParser) -> None:
-    """Adds ``--coordinator_address``, ``--num_processes``, ``--process_id`` to an argparse parser.
-
-    Unset flags fall back to the environment variables ``DEQJAX_COORDINATOR_ADDRESS``,
-    ``DEQJAX_NUM_PROCESSES`` and ``DEQJAX_PROCESS_ID`` (see :func:`distributed_config`).
-    """
-    group = parser.add_argument_group("multi-host (jax.distributed)")
-    group.add_argument(
-        "--coordinator_address",
-        default=None,
-        help=f"host:port of process 0 (env {ENV_COORDINATOR}); unset: single process",
-    )
-    group.add_argument(
-        "--num_processes", type=int, default=None, help=f"process count (env {ENV_NUM_PROCESSES})"
-    )
-    group.add_argument(
-        "--process_id", type=int, default=None, help=f"this process's id (env {ENV_PROCESS_ID})"
-    )
 
 
 def distributed_config(

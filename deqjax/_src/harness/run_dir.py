@@ -1,8 +1,8 @@
 """A run's output folder: refuse to overwrite an earlier run, refuse to resume under other flags.
 
 Every experiment's ``--out_dir`` holds one run: its ``config.json`` (the flags), ``metrics.jsonl``,
-``ckpt/`` and its results. :func:`prepare_run_dir` is the one place the experiments' shared run
-flags (:func:`add_run_flags`: ``--resume``, ``--overwrite``, ``--force``) are acted on:
+``ckpt/`` and its results. :func:`prepare_run_dir` is the one place the run flags ``--resume``,
+``--overwrite`` and ``--force`` are acted on:
 
 * a new run (no ``--resume``) in a folder that holds an earlier run stops with
   :class:`RunDirError` unless ``--overwrite`` (which deletes that run's files, and only those);
@@ -10,14 +10,10 @@ flags (:func:`add_run_flags`: ``--resume``, ``--overwrite``, ``--force``) are ac
   flag that changed; ``--force`` accepts the changes the experiment declares safe (e.g. a longer
   ``--epochs``), never the others (another ``--width`` or ``--seed`` would resume a different run);
 * ``--resume`` in a folder with no run stops too: resuming never silently starts from step 0.
-
-It also holds the argparse types that reject out-of-range values naming the flag
-(:func:`positive_int`, :func:`nonnegative_int`, :func:`nonnegative_float`, :func:`positive_float`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -57,77 +53,17 @@ class RunDir(NamedTuple):
     accepted_changes: dict  # flag -> (saved, current) accepted with ``--force``
 
 
-# --- argparse types ------------------------------------------------------------------------------
-
-
-def _number(text: str, kind: type) -> Any:
-    try:
-        return kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int ``>= 1`` (argparse's error then names the flag)."""
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
-    return value
-
-
-def nonnegative_int(text: str) -> int:
-    """argparse type: an int ``>= 0``."""
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite float ``> 0``."""
-    value = _number(text, float)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value}")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    """argparse type: a finite float ``>= 0``."""
-    value = _number(text, float)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value}")
-    return value
-
-
-def add_run_flags(parser: argparse.ArgumentParser, *, resume: bool = True) -> None:
-    """Adds ``--overwrite`` and (with ``resume``) ``--resume`` and ``--force`` to ``parser``."""
-    g = parser.add_argument_group("run folder")
-    if resume:
-        g.add_argument(
-            "--resume",
-            action="store_true",
-            help="continue the run in --out_dir from its newest good checkpoint; stops with an\n"
-            "error if there is none, or if a flag differs from the run's config.json",
-        )
-        g.add_argument(
-            "--force",
-            action="store_true",
-            help="with --resume: accept changes of the flags that are safe to change\n"
-            "(e.g. a longer --epochs); other changes are still refused",
-        )
-    g.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start afresh in an --out_dir that holds an earlier run, deleting that run's\n"
-        "config, metrics, checkpoints and results (without it such a folder is refused)",
-    )
-
-
-# --- the folder ----------------------------------------------------------------------------------
-
-
-def _flag(key: str) -> str:
-    return f"--{key}"
+def write_json(path: str | os.PathLike, obj: Mapping[str, Any]) -> str:
+    """Writes ``obj`` as indented, sorted JSON to ``path`` atomically (creating its folder);
+    configuration objects field by field (:func:`~deqjax.harness.to_python`). Returns the
+    path."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(to_python(dict(obj)), f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+    return path
 
 
 def _normalise(config: Mapping[str, Any]) -> dict:
@@ -166,16 +102,59 @@ def holds_run(out_dir: str | os.PathLike, outputs: Iterable[str] = ()) -> list[s
     return found
 
 
-def write_config(
-    out_dir: str | os.PathLike, config: Mapping[str, Any], *, name: str = CONFIG_NAME
-) -> str:
-    """Writes ``config`` to ``out_dir/name`` atomically; returns its path."""
-    path = os.path.join(os.fspath(out_dir), name)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(to_python(dict(config)), f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
-    return path
+def _check_resume(
+    out_dir: str,
+    config: Mapping[str, Any],
+    present: list[str],
+    *,
+    force: bool,
+    safe_keys: Iterable[str],
+    ignore_keys: Iterable[str],
+    config_name: str,
+) -> dict:
+    """The changes ``--resume --force`` accepts; raises :class:`RunDirError` for the others."""
+    config_path = os.path.join(out_dir, config_name)
+    if not os.path.exists(config_path):
+        if not present:
+            raise RunDirError(
+                f"--resume: {out_dir} holds no run to resume (no {config_name}); drop "
+                f"--resume to start a new run."
+            )
+        if not force:
+            raise RunDirError(
+                f"--resume: {out_dir} holds run files ({', '.join(present)}) but no "
+                f"{config_name} to check the flags against; pass --force to resume anyway."
+            )
+        return {}
+    with open(config_path) as f:
+        changes = config_changes(json.load(f), config, ignore=ignore_keys)
+    safe = set(safe_keys)
+    unsafe = [key for key in changes if key not in safe]
+    if not unsafe and (force or not changes):
+        return changes
+    lines = []
+    for key, (a, b) in changes.items():
+        note = " (safe: accepted with --force)" if key in safe else ""
+        lines.append(f"  --{key}: {a!r} in {config_name}, now {b!r}{note}")
+    hint = (
+        "these flags cannot change on resume: start a new run in another --out_dir"
+        if unsafe
+        else "pass --force to accept these changes"
+    )
+    raise RunDirError(
+        f"--resume: the flags differ from the run in {out_dir} ({len(changes)} changed):\n"
+        + "\n".join(lines)
+        + f"\n{hint}."
+    )
+
+
+def _delete(out_dir: str, names: Iterable[str]) -> None:
+    for name in names:
+        path = os.path.join(out_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
 
 
 def prepare_run_dir(
@@ -198,7 +177,7 @@ def prepare_run_dir(
 
     Args:
       out_dir: the run's output folder.
-      config: the run's flags (JSON-able), e.g. ``vars(args)`` plus derived values.
+      config: the run's flags (JSON-able), e.g. the flat configuration plus derived values.
       resume: continue the run in ``out_dir`` (``--resume``).
       overwrite: a new run may delete the earlier run's files (``--overwrite``).
       force: with ``resume``, accept changed ``safe_keys`` (``--force``).
@@ -225,41 +204,17 @@ def prepare_run_dir(
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite contradict each other: choose one.")
     present = holds_run(out_dir, (config_name, *outputs))
-    config_path = os.path.join(out_dir, config_name)
     accepted: dict = {}
     if resume:
-        if not os.path.exists(config_path):
-            if not present:
-                raise RunDirError(
-                    f"--resume: {out_dir} holds no run to resume (no {config_name}); drop "
-                    f"--resume to start a new run."
-                )
-            if not force:
-                raise RunDirError(
-                    f"--resume: {out_dir} holds run files ({', '.join(present)}) but no "
-                    f"{config_name} to check the flags against; pass --force to resume anyway."
-                )
-        else:
-            with open(config_path) as f:
-                saved = json.load(f)
-            changes = config_changes(saved, config, ignore=ignore_keys)
-            safe = set(safe_keys)
-            unsafe = {k: v for k, v in changes.items() if k not in safe}
-            if unsafe or (changes and not force):
-                lines = []
-                for key, (a, b) in changes.items():
-                    note = " (safe: accepted with --force)" if key in safe else ""
-                    lines.append(f"  {_flag(key)}: {a!r} in {config_name}, now {b!r}{note}")
-                hint = (
-                    "these flags cannot change on resume: start a new run in another --out_dir"
-                    if unsafe
-                    else "pass --force to accept these changes"
-                )
-                raise RunDirError(
-                    f"--resume: the flags differ from the run in {out_dir} "
-                    f"({len(changes)} changed):\n" + "\n".join(lines) + f"\n{hint}."
-                )
-            accepted = changes
+        accepted = _check_resume(
+            out_dir,
+            config,
+            present,
+            force=force,
+            safe_keys=safe_keys,
+            ignore_keys=ignore_keys,
+            config_name=config_name,
+        )
     elif present and not overwrite:
         raise RunDirError(
             f"{out_dir} holds an earlier run ({', '.join(present)}); pass --resume to "
@@ -268,17 +223,11 @@ def prepare_run_dir(
         )
     if multi:  # every process has checked the folder before any process changes it
         _barrier("deqjax_run_dir_checked")
-    if not resume and present and write:
-        for name in present:
-            path = os.path.join(out_dir, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
+    if write and not resume:
+        _delete(out_dir, present)
     # A resumed run keeps its config.json unless --force accepted changes (then it records them).
     if write and (not resume or accepted):
-        os.makedirs(out_dir, exist_ok=True)
-        write_config(out_dir, config, name=config_name)
+        write_json(os.path.join(out_dir, config_name), config)
     if multi:
         _barrier("deqjax_run_dir_ready")
     return RunDir(out_dir, resume, accepted)

@@ -1,15 +1,15 @@
 """Sweeps of short training runs: many initialisations through one compiled step, and their tables.
 
 :func:`short_runs` trains one short run per configuration (e.g. init family × scale × seed, the
-init paper's Fig. 5), reusing a single compiled train and eval step (only the initial parameters
-and the data order differ), stops a run whose loss turns non-finite and evaluates every run as it
-stands. :func:`summarize_runs` groups the rows (median, mean, min, max), :func:`write_csv` and
-:func:`markdown_table` write them.
+init paper's Fig. 5; :func:`grid` lists them), reusing a single compiled train and eval step (only
+the initial parameters and the data order differ), stops a run whose loss turns non-finite and
+evaluates every run as it stands. :func:`summarize_runs` groups the rows (median, mean, min, max
+of one value), :func:`report_sweep` writes them with their summary and its plot, and
+:func:`median_rows` gives the median of every value (e.g. over seeds).
 """
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import time
@@ -21,12 +21,23 @@ import numpy as np
 import optax
 
 from deqjax._src.data.batching import ShuffledBatches, eval_batches
+from deqjax._src.harness.figures import plot_sweep
+from deqjax._src.harness.tables import markdown_table, write_csv
 from deqjax._src.training.evaluation import EvalFn, evaluate, make_eval_step
 from deqjax._src.training.metrics import progress_bar
 from deqjax._src.training.train_state import create_train_state, replicate, shard, unreplicate
 from deqjax._src.training.train_step import LossFn, make_train_step
 
 PyTree = Any
+
+
+def grid(**axes: Sequence[Any]) -> list[dict]:
+    """Every combination of the axes' values, one dict each, the last axis varying fastest:
+    ``grid(family=("gaussian", "goe"), seed=(0, 1))`` gives four runs."""
+    runs: list[dict] = [{}]
+    for name, values in axes.items():
+        runs = [run | {name: value} for run in runs for value in values]
+    return runs
 
 
 def short_runs(
@@ -58,7 +69,7 @@ def short_runs(
       train, test: ``{name: array[N, ...]}`` training and evaluation sets.
       batch_size, eval_batch_size, num_steps: per run.
       log_every: the loss is checked for finiteness every this many steps (host syncs).
-      per_device_rng: see :func:`~deqjax.training.make_train_step`.
+      per_device_rng: see :func:`~deqjax.training.train_step`.
       progress: a progress bar over the runs (else one printed line per run).
       print_fn: where the per-run lines go.
 
@@ -129,20 +140,32 @@ def summarize_runs(
     return out
 
 
-def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> str:
-    """Writes ``rows`` (same keys) as CSV with a header; returns the path."""
-    path = os.fspath(path)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+def median_rows(rows: Sequence[Mapping[str, Any]], by: Sequence[str]) -> list[dict]:
+    """One row per group of ``by`` values (in first-seen order): those values, then the median
+    of every other key of the group's first row (e.g. the median over seeds of each metric)."""
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in by), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        values = {k: float(np.median([r[k] for r in rs])) for k in rs[0] if k not in by}
+        out.append(dict(zip(by, key)) | values)
+    return out
 
 
-def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """A Markdown table of ``rows`` (floats with 4 significant digits)."""
-    columns = list(columns or rows[0])
-    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
+def report_sweep(
+    rows: Sequence[Mapping[str, Any]],
+    out_dir: str | os.PathLike,
+    *,
+    by: Sequence[str] = ("family", "scale"),
+    title: str = "",
+) -> list[dict]:
+    """Writes a sweep's ``sweep.csv`` (``rows``), ``sweep_summary.csv`` (:func:`summarize_runs`
+    of ``test_error`` by ``by``) and ``sweep.png`` (:func:`~deqjax.harness.plot_sweep`), prints
+    the summary as a Markdown table; returns the summary."""
+    summary = summarize_runs(rows, by, "test_error")
+    write_csv(os.path.join(out_dir, "sweep.csv"), rows)
+    write_csv(os.path.join(out_dir, "sweep_summary.csv"), summary)
+    plot_sweep(summary, os.path.join(out_dir, "sweep.png"), x=by[-1], group=by[0], title=title)
+    print(markdown_table(summary))
+    return summary

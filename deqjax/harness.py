@@ -1,0 +1,141 @@
+"""The experiment harness: configuration as data, command lines, run folders, plots and sweeps.
+
+An experiment declares its configuration as a frozen dataclass: its own settings, and sections
+shared between experiments (the run's :class:`RunConfig` / :class:`ResumableRunConfig`,
+:class:`SolverConfig`, :class:`JRConfig`, :class:`OptimizationConfig`, :class:`LoggingConfig`,
+:class:`MultiHostConfig`; the models' :class:`MLPClassifierConfig`, :class:`InitSweepConfig`,
+:class:`SequenceModelConfig`, :class:`MDEQConfig` and the corpus's :class:`CorpusConfig`, each
+building what it describes). It gets its command line from tyro: one flag per setting, named as the
+field (``--train_size``), with no section prefix; checked types (:data:`PositiveInt`,
+:data:`FloatList`, ...) reject a bad value naming its flag. :func:`run` does the rest for every
+experiment alike: ``--smoke`` and mode defaults, the run folder (:func:`prepare_run_dir`:
+``--resume`` refuses changed flags, ``--overwrite``, ``--force``), ``config.json`` with every
+hyper-parameter (solver objects field by field), ``results.json`` and the exit statuses (2 bad flags
+or data, 3 non-finite stop or checkpoint failure, 143 SIGTERM).
+
+>>> @dataclasses.dataclass(frozen=True)
+... class Config:
+...     width: harness.PositiveInt = 128  # DEQ state size
+...     solver: harness.SolverConfig = harness.SolverConfig()
+...     run: harness.ResumableRunConfig = harness.ResumableRunConfig()
+>>> EXPERIMENT = harness.Experiment(name="mine", doc=__doc__, config=Config(), setup=setup,
+...                                 run=train, smoke={"width": 8})
+>>> harness.run(EXPERIMENT)  # python mine.py --width 64 --max_steps 12 --resume
+
+Plots (:func:`plot_metrics`, :func:`line_plot`, :func:`plot_panels`, :func:`plot_sweep`) import
+matplotlib when drawn; :func:`short_runs` trains a sweep of short runs through one compiled step,
+:func:`summarize_runs`, :func:`write_csv` and :func:`markdown_table` report it.
+"""
+
+from deqjax._src.harness.classifier_config import (
+    InitSweepConfig,
+    MLPClassifierConfig,
+    batch_fns,
+)
+from deqjax._src.harness.cli import parse_config
+from deqjax._src.harness.corpus_config import CorpusConfig
+from deqjax._src.harness.experiment import Experiment
+from deqjax._src.harness.figures import (
+    line_plot,
+    plot_panels,
+    plot_sweep,
+    pyplot,
+    save_figure,
+)
+from deqjax._src.harness.flag_types import (
+    FloatList,
+    IntList,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Switch,
+    at_least,
+    choice_list,
+)
+from deqjax._src.harness.flat_config import flat_dict
+from deqjax._src.harness.jr_config import JRConfig
+from deqjax._src.harness.logging_config import LoggingConfig
+from deqjax._src.harness.mdeq_config import MDEQConfig, evaluate_classifier
+from deqjax._src.harness.metric_curves import plot_metrics
+from deqjax._src.harness.multihost_config import MultiHostConfig
+from deqjax._src.harness.optimization_config import OptimizationConfig
+from deqjax._src.harness.run_config import ResumableRunConfig, RunConfig
+from deqjax._src.harness.run_context import RunContext, run_until_interrupted
+from deqjax._src.harness.run_dir import (
+    RunDir,
+    RunDirError,
+    config_changes,
+    prepare_run_dir,
+    write_json,
+)
+from deqjax._src.harness.runner import UsageError, run
+from deqjax._src.harness.sequence_config import SequenceModelConfig
+from deqjax._src.harness.solver_config import GRADIENTS, SolverConfig, solver_and_adjoint
+from deqjax._src.harness.stacked_runs import StackedRuns
+from deqjax._src.harness.sweep import (
+    grid,
+    median_rows,
+    report_sweep,
+    short_runs,
+    summarize_runs,
+)
+from deqjax._src.harness.tables import markdown_table, write_csv
+from deqjax._src.training.metrics import format_metrics, format_value, to_python
+
+__all__ = [
+    "CorpusConfig",
+    "Experiment",
+    "FloatList",
+    "GRADIENTS",
+    "InitSweepConfig",
+    "IntList",
+    "JRConfig",
+    "LoggingConfig",
+    "MDEQConfig",
+    "MLPClassifierConfig",
+    "MultiHostConfig",
+    "NonNegativeFloat",
+    "NonNegativeInt",
+    "OptimizationConfig",
+    "PositiveFloat",
+    "PositiveInt",
+    "ResumableRunConfig",
+    "RunConfig",
+    "RunContext",
+    "RunDir",
+    "RunDirError",
+    "SequenceModelConfig",
+    "SolverConfig",
+    "StackedRuns",
+    "Switch",
+    "UsageError",
+    "at_least",
+    "batch_fns",
+    "choice_list",
+    "config_changes",
+    "evaluate_classifier",
+    "flat_dict",
+    "format_metrics",
+    "format_value",
+    "grid",
+    "line_plot",
+    "markdown_table",
+    "median_rows",
+    "parse_config",
+    "plot_metrics",
+    "plot_panels",
+    "plot_sweep",
+    "prepare_run_dir",
+    "pyplot",
+    "report_sweep",
+    "run",
+    "run_until_interrupted",
+    "save_figure",
+    "short_runs",
+    "solver_and_adjoint",
+    "summarize_runs",
+    "to_python",
+    "write_csv",
+    "write_json",
+]

@@ -1,0 +1,54 @@
+"""Sweeps: the grid of runs, summaries by group, medians over seeds, the sweep's files."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from deqjax import harness
+
+
+def test_grid_varies_the_last_axis_fastest():
+    runs = harness.grid(family=("a", "b"), seed=(0, 1))
+    assert runs == [
+        {"family": "a", "seed": 0},
+        {"family": "a", "seed": 1},
+        {"family": "b", "seed": 0},
+        {"family": "b", "seed": 1},
+    ]
+
+
+ROWS = [
+    {"family": "g", "scale": 1.0, "seed": 0, "test_error": 0.1, "test_nfe": 4.0},
+    {"family": "g", "scale": 1.0, "seed": 1, "test_error": 0.3, "test_nfe": 6.0},
+    {"family": "o", "scale": 1.0, "seed": 0, "test_error": 0.2, "test_nfe": 5.0},
+]
+
+
+def test_summaries_and_medians():
+    (g, o) = harness.summarize_runs(ROWS, ("family", "scale"), "test_error")
+    assert g == {
+        "family": "g",
+        "scale": 1.0,
+        "n": 2,
+        "median_error": pytest.approx(0.2),
+        "mean_error": pytest.approx(0.2),
+        "min_error": 0.1,
+        "max_error": 0.3,
+        "mean_test_nfe": 5.0,
+    }
+    assert o["n"] == 1
+    medians = harness.median_rows(ROWS, by=("family",))
+    expected = {"family": "g", "scale": 1.0, "seed": 0.5, "test_error": 0.2, "test_nfe": 5.0}
+    assert medians[0] == pytest.approx(expected)
+    assert medians[1]["family"] == "o"
+
+
+def test_report_sweep_writes_its_files(tmp_path, capsys):
+    summary = harness.report_sweep(ROWS, tmp_path, title="t")
+    assert [r["family"] for r in summary] == ["g", "o"]
+    assert len(list(csv.DictReader(open(tmp_path / "sweep.csv")))) == 3
+    assert len(list(csv.DictReader(open(tmp_path / "sweep_summary.csv")))) == 2
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+    assert "| family | scale | n |" in capsys.readouterr().out
