@@ -41,6 +41,8 @@ PUBLIC = {
     "config_changes",
     "evaluate_classifier",
     "flat_dict",
+    "format_metrics",
+    "format_value",
     "grid",
     "line_plot",
     "markdown_table",
@@ -58,6 +60,7 @@ PUBLIC = {
     "short_runs",
     "solver_and_adjoint",
     "summarize_runs",
+    "to_python",
     "write_csv",
     "write_json",
 }
