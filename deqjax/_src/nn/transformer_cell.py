@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from deqjax._src import checks
 from deqjax._src.nn import norms, variational_dropout, weight_norm
 from deqjax._src.nn import relative_attention as rel_attn
-from deqjax._src.nn.deq import per_forward
+from deqjax._src.nn.per_forward import per_forward
 
 Initializer = Any  # hk.initializers.Initializer or any (shape, dtype) -> array callable
 
@@ -110,7 +110,7 @@ class TransformerCell(hk.Module):
     Example:
       >>> def forward(x, mems):  # x: [B, T, Dx] embeddings, mems: [B, M, 64]
       ...     cell = dq.nn.TransformerCell(64, num_heads=4, dropout=0.06)
-      ...     deq = dq.nn.DEQ(cell, solver=functools.partial(dq.solvers.anderson, max_steps=12))
+      ...     deq = dq.nn.DEQ(cell, solver=dq.solvers.Anderson(max_steps=12))
       ...     z_star, sol = deq(dq.nn.TransformerInput(x, mems))
       ...     return z_star  # [B, T, 64]; its last M positions are the next segment's mems
     """
@@ -141,9 +141,6 @@ class TransformerCell(hk.Module):
         if d_ff is None:
             d_ff = 4 * d_model
         checks.check_positive_int(d_ff, "d_ff")
-        checks.check_real(dropout, "dropout")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}.")
         checks.check_bool(pre_ln, "pre_ln")
         checks.check_bool(weight_norm, "weight_norm")
         _check_initializer(w_init, "w_init")
@@ -153,7 +150,7 @@ class TransformerCell(hk.Module):
         self.num_heads = num_heads
         self.d_head = d_model // num_heads
         self.d_ff = d_ff
-        self.dropout = float(dropout)
+        self.dropout = variational_dropout.check_rate(dropout, "dropout")
         self.pre_ln = pre_ln
         self.weight_norm = weight_norm
         self.w_init = w_init
