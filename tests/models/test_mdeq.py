@@ -25,10 +25,13 @@ BATCH, CHANNELS, GROUPS = 3, (4, 8), 2
 def _model(budget: int, tol: float = 1e-3, regularizer=None) -> hk.Transformed:
     def forward(images, is_training):
         return dq.models.MDEQClassifier(
-            CHANNELS, num_groups=GROUPS, expansion=1,
+            CHANNELS,
+            num_groups=GROUPS,
+            expansion=1,
             solver=dq.solvers.Anderson(max_steps=3, tol=tol, m=5),
-            eval_solver=dq.models.budget_solver(budget, tol=tol), regularizer=regularizer,
-        )(images, is_training=is_training)  # fmt: skip
+            eval_solver=dq.models.budget_solver(budget, tol=tol),
+            regularizer=regularizer,
+        )(images, is_training=is_training)
 
     return hk.transform(forward)
 
