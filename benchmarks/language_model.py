@@ -79,9 +79,12 @@ def measure(model: str, *, depth: int, seq_len: int, args) -> dict:
     mems = None
     if args.memory:
         mems = dq.models.initial_memory(
-            kind, batch_size=args.batch_size, memory_length=seq_len, d_model=args.d_model,
+            kind,
+            batch_size=args.batch_size,
+            memory_length=seq_len,
+            d_model=args.d_model,
             depth=depth,
-        )  # fmt: skip
+        )
     params = transformed.init(jax.random.PRNGKey(0), tokens, mems, True)
     opt = optax.chain(optax.clip_by_global_norm(0.25), optax.adam(5e-3))  # the experiment's
     loss_fn = dq.models.lm_loss(transformed, memory_length=seq_len if args.memory else None)

@@ -8,10 +8,11 @@
 ...     return hk.Linear(10)(z)
 """
 
-from deqjax._src.nn.deq import DEQ, DEQOutput, per_forward
+from deqjax._src.nn.deq import DEQ, DEQOutput
 from deqjax._src.nn.mlp_cell import MLPCell
 from deqjax._src.nn.multiscale_cell import MultiscaleCell
 from deqjax._src.nn.norms import GroupNorm, LayerNorm
+from deqjax._src.nn.per_forward import per_forward
 from deqjax._src.nn.transformer_cell import TransformerCell, TransformerInput
 from deqjax._src.nn.trellis_cell import TrellisCell, TrellisInput
 from deqjax._src.nn.variational_dropout import VariationalDropout

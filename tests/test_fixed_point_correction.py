@@ -172,8 +172,12 @@ def test_deq_exposes_samples_and_correction_states(per_example):
     solver = functools.partial(dq.solvers.anderson, max_steps=30, tol=1e-10, sample_steps=steps)
     x = jax.random.normal(jax.random.PRNGKey(1), (4, D), jnp.float64)
 
+    # "vmap": a solver that is not batch-native (a user's callable), so the DEQ vmaps
+    # single-example solves.
+    deq_solver = (lambda f, z0: solver(f, z0)) if per_example == "vmap" else solver
+
     def forward(x):
-        out = dq.nn.DEQ(_Cell(), solver=solver, per_example=per_example).solve(x)
+        out = dq.nn.DEQ(_Cell(), solver=deq_solver, per_example=bool(per_example)).solve(x)
         states = dq.correction_states(out.cell_fn, out.solution, gradient="one_step")
         loss = dq.correction_loss([jnp.mean(s**2) for s in states])
         return loss, out.solution, states

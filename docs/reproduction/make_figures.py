@@ -192,15 +192,25 @@ def claim4_fm() -> None:
             s: [r for r in recs if r.get("split") == s] for s in ("train", "eval", "diagnostics")
         }
         c = "C3" if label.startswith("nojr") else "C0"
-        panels = (("train", "nfe"), ("train", "rel_residual"), ("eval", "nfe"),
-                  ("eval", "accuracy"), ("diagnostics", "jac_frobenius"))  # fmt: skip
+        panels = (
+            ("train", "nfe"),
+            ("train", "rel_residual"),
+            ("eval", "nfe"),
+            ("eval", "accuracy"),
+            ("diagnostics", "jac_frobenius"),
+        )
         for ax, (s, key) in zip(axes, panels):
             rs = split[s]
             style = "-o" if s == "eval" else "-"
             kw = dict(color=c, lw=0.8, ms=3, label=label if ax is axes[0] else None)
             ax.plot([r["step"] for r in rs], [r[key] for r in rs], style, **kw)
-    titles = ("train forward NFE (cap 20)", "train forward rel. residual", "test NFE (each epoch)",
-              "test accuracy", "‖J_f(z*)‖_F (Hutchinson, one batch)")  # fmt: skip
+    titles = (
+        "train forward NFE (cap 20)",
+        "train forward rel. residual",
+        "test NFE (each epoch)",
+        "test accuracy",
+        "‖J_f(z*)‖_F (Hutchinson, one batch)",
+    )
     for ax, t in zip(axes, titles):
         ax.set_title(t)
         ax.set_xlabel("step")

@@ -88,8 +88,9 @@ def test_plain_shine_is_minus_the_transposed_broyden_inverse_applied_to_the_cota
 
 def test_fallback_runs_where_the_estimate_is_poor_and_gives_the_implicit_gradient():
     params, x = problem(seed=2, radius=0.9)
-    tight = dq.ImplicitAdjoint(solver=functools.partial(dq.solvers.broyden, max_steps=80,
-                                                        tol=1e-13))  # fmt: skip
+    tight = dq.ImplicitAdjoint(
+        solver=functools.partial(dq.solvers.broyden, max_steps=80, tol=1e-13)
+    )
     probe = dq.BackwardStats.zeros(jnp.float64)
     grad = jax.jit(jax.grad(loss, argnums=(0, 4)), static_argnums=(2, 3))
     # Three forward steps: the estimate is -I plus two rank-one terms, its residual large.
@@ -117,8 +118,15 @@ def test_batch_native_equals_vmap(fallback_tol):
     native_solver = functools.partial(BROYDEN, batch_ndim=1)
 
     def native(p, probe):
-        z, _ = dq.fixed_point(cell, p, xs, jnp.zeros((3, D)), solver=native_solver,
-                              adjoint=adjoint, backward_stats=probe)  # fmt: skip
+        z, _ = dq.fixed_point(
+            cell,
+            p,
+            xs,
+            jnp.zeros((3, D)),
+            solver=native_solver,
+            adjoint=adjoint,
+            backward_stats=probe,
+        )
         return jax.vmap(head)(z).sum()
 
     def per_example(p, probe):
@@ -175,7 +183,11 @@ def test_deq_with_shine_matches_the_implicit_gradient_with_many_refinement_steps
 
     def make(adjoint):
         def forward(x):
-            z, _ = dq.nn.DEQ(_Cell(), solver=BROYDEN, adjoint=adjoint, per_example=per_example)(x)
+            deq = dq.nn.DEQ(_Cell(), solver=BROYDEN, adjoint=adjoint)
+            if per_example == "vmap":  # one example at a time, each its own solve
+                z = hk.vmap(lambda xi: deq(xi[None])[0][0], split_rng=False)(x)
+            else:
+                z, _ = deq(x)
             return jnp.sum(jnp.sin(z))
 
         return hk.transform(forward)
@@ -251,9 +263,15 @@ def test_mixed_batch_falls_back_only_where_the_estimate_is_poor():
 
     # Batch-native: the same per-example choice inside one batched backward.
     def native(p, probe):
-        z, _ = dq.fixed_point(cell, p, xs, jnp.zeros((3, D)),
-                              solver=functools.partial(short, batch_ndim=1), adjoint=mixed,
-                              backward_stats=probe)  # fmt: skip
+        z, _ = dq.fixed_point(
+            cell,
+            p,
+            xs,
+            jnp.zeros((3, D)),
+            solver=functools.partial(short, batch_ndim=1),
+            adjoint=mixed,
+            backward_stats=probe,
+        )
         return jax.vmap(head)(z).sum()
 
     g_native, s_native = jax.grad(native, argnums=(0, 1))(

@@ -1,24 +1,19 @@
-"""Sequence models with memory (``dq.models``), LM batches (``dq.data.LMBatches``), the LM memory as
-``fit``'s carry (and its resume), and smoke runs of ``experiments/language_model.py``.
+"""``dq.models.SequenceBackbone`` (DEQ, weight-tied and untied, with memory), and smoke runs of
+``experiments/language_model.py`` and ``experiments/repro_lm_init.py``.
 
-The memory tests run ``dq.models.SequenceBackbone`` in-process on tiny sizes (float64, the suite's
-strict promotion). The smoke runs are subprocesses (``tests.helpers.run_experiment.run_smoke``).
+The backbone tests run in-process on tiny sizes (float64, the suite's strict promotion). The smoke
+runs are subprocesses (``tests.helpers.run_experiment.run_smoke``).
 """
 
 from __future__ import annotations
-
-import json
-import math
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import deqjax as dq
-from tests.helpers.run_experiment import run_smoke
 
 B, T, M, D, DEPTH = 2, 4, 3, 8, 3
 
@@ -90,7 +85,9 @@ def test_memory_shapes_and_stop_gradient(kind):
     """Shapes per kind; gradients do not flow into the previous segment through the memory."""
     model = _model(kind)
     x1, x2 = _normal(4, (B, T, D)), _normal(5, (B, T, D))
-    shape = dq.models.memory_shape(kind, batch_size=B, memory_length=M, d_model=D, depth=DEPTH)
+    shape = dq.models.initial_memory(
+        kind, batch_size=B, memory_length=M, d_model=D, depth=DEPTH
+    ).shape
     assert shape == ((B, M, D) if kind == "deq" else (DEPTH, B, M, D))
     mems = _normal(6, shape)
     params = model.init(jax.random.PRNGKey(7), x1, mems)
@@ -120,8 +117,6 @@ def test_backbone_bad_arguments():
         bad.init(jax.random.PRNGKey(0), _normal(0, (B, T, D)))
     with pytest.raises(ValueError, match="mems of the DEQ"):
         _model("deq").init(jax.random.PRNGKey(0), _normal(0, (B, T, D)), _normal(1, (1, B, M, D)))
-    with pytest.raises(ValueError, match="reset"):
-        dq.models.reset_memory(jnp.zeros((B, M, D)), jnp.zeros((B + 1,), bool))
 
 
 @pytest.mark.parametrize("kind", ["deq", "untied"])
@@ -132,9 +127,14 @@ def test_ffn_init_and_width_reach_the_cell(kind):
 
     def forward(x):
         return dq.models.SequenceBackbone(
-            kind, d_model=D, num_heads=2, depth=2, d_ff=D, ffn_init=dq.initializers.GOE(sigma),
+            kind,
+            d_model=D,
+            num_heads=2,
+            depth=2,
+            d_ff=D,
+            ffn_init=dq.initializers.GOE(sigma),
             solver=dq.solvers.Anderson(max_steps=4, tol=1e-4),
-        )(x, is_training=False)  # fmt: skip
+        )(x, is_training=False)
 
     params = hk.transform(forward).init(jax.random.PRNGKey(0), _normal(0, (B, T, D)))
     ffn = [p["v"] for m, p in params.items() if m.split("/")[-1] in ("w_ff1", "w_ff2")]
@@ -153,185 +153,3 @@ def test_ffn_init_and_width_reach_the_cell(kind):
     )
     with pytest.raises(ValueError, match="transformer-cell options"):
         trellis.init(jax.random.PRNGKey(0), _normal(0, (B, T, D)))
-
-
-def test_reset_memory_zeroes_only_flagged_streams():
-    mems = _normal(0, (DEPTH, B, M, D))
-    out = dq.models.reset_memory(mems, jnp.array([True, False]))
-    np.testing.assert_array_equal(out[:, 0], 0.0)
-    np.testing.assert_array_equal(out[:, 1], mems[:, 1])
-    out = dq.models.reset_memory(mems[0], jnp.array([False, True]))
-    np.testing.assert_array_equal(out[1], 0.0)
-    np.testing.assert_array_equal(out[0], mems[0, 0])
-
-
-def test_lm_batches_passes_reset_and_restore():
-    tokens = np.arange(100)
-    it = dq.data.LMBatches(tokens, num_streams=2, segment_length=7)
-    assert isinstance(it, dq.data.BatchIterator) and it.steps_per_epoch == 7
-    batches = [next(it) for _ in range(9)]
-    assert [bool(b["reset"][0]) for b in batches] == [True] + [False] * 6 + [True, False]
-    np.testing.assert_array_equal(batches[7]["inputs"], batches[0]["inputs"])  # a new pass
-    np.testing.assert_array_equal(batches[1]["inputs"][1], np.arange(57, 64))  # stream 1
-    np.testing.assert_array_equal(batches[1]["targets"], batches[1]["inputs"] + 1)
-    assert it.state == dq.data.IteratorState(epoch=1, index=2)
-    resumed = dq.data.LMBatches(tokens, num_streams=2, segment_length=7)
-    resumed.restore(it.state._asdict())  # as after a checkpoint's JSON round trip
-    for _ in range(8):
-        a, b = next(it), next(resumed)
-        for k in a:
-            np.testing.assert_array_equal(a[k], b[k])
-    # Process 1 of 2 takes the second stream.
-    shard = dq.data.LMBatches(tokens, num_streams=2, segment_length=7, process_index=1,
-                              process_count=2)  # fmt: skip
-    np.testing.assert_array_equal(next(shard)["inputs"], batches[0]["inputs"][1:])
-    with pytest.raises(ValueError, match="divisible"):
-        dq.data.LMBatches(tokens, num_streams=3, segment_length=7, process_index=0,
-                          process_count=2)  # fmt: skip
-    with pytest.raises(ValueError, match="index"):
-        it.restore({"epoch": 0, "index": 8})
-
-
-def _lm(kind: str = "deq") -> hk.Transformed:
-    def forward(tokens, mems, is_training):
-        return dq.models.SequenceModel(
-            20, kind, d_model=D, num_heads=2, depth=2,
-            solver=dq.solvers.Anderson(max_steps=3, tol=1e-3, m=5),
-            regularizer=dq.regularization.JacobianRegularizer(0.1, p=0.5),
-        )(tokens, mems, is_training=is_training)  # fmt: skip
-
-    return hk.transform(forward)
-
-
-@pytest.mark.slow
-def test_lm_loss_resets_memory_at_a_pass_start():
-    model = _lm()
-    loss_fn = dq.models.lm_loss(model, memory_length=M)
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 20, (B, T)), jnp.int32)
-    mem0 = dq.models.initial_memory("deq", batch_size=B, memory_length=M, d_model=D, depth=1)
-    params = model.init(jax.random.PRNGKey(0), tokens, mem0, True)  # float32 like the embeddings
-    key = jax.random.PRNGKey(1)
-    batch = {"inputs": tokens, "targets": tokens, "reset": jnp.array([True, True])}
-    junk = _normal(2, (B, M, D)).astype(jnp.float32)
-    fn = jax.jit(lambda c, b: loss_fn(params, b, key, (), 0, carry=c))
-    loss_reset, metrics, nxt = fn(junk, batch)
-    loss_zero, _, _ = fn(jnp.zeros_like(junk), batch)
-    np.testing.assert_allclose(loss_reset, loss_zero, rtol=1e-12)  # the junk memory is dropped
-    loss_kept, _, _ = fn(junk, batch | {"reset": jnp.array([False, False])})
-    assert abs(float(loss_kept) - float(loss_reset)) > 1e-6  # ... and used without a reset
-    assert nxt.shape == (B, M, D) and set(metrics) >= {"nll", "nfe", "rel_residual", "jac_fro_sq"}
-
-
-@pytest.mark.slow  # two fits with checkpoints (~20 s on a loaded 2-core machine)
-def test_lm_fit_with_memory_resumes_exactly(tmp_path):
-    """A run stopped after 3 steps and resumed reproduces the uninterrupted run: the memory
-    (fit's carry) and the LMBatches position come back from the checkpoint."""
-    model = _lm()
-    tokens = np.random.default_rng(0).integers(0, 20, 200).astype(np.int32)
-    mem0 = dq.models.initial_memory("deq", batch_size=B, memory_length=M, d_model=D, depth=1)
-    first = next(dq.data.LMBatches(tokens, num_streams=B, segment_length=T))
-    params = model.init(jax.random.PRNGKey(0), first["inputs"], mem0, True)
-
-    def fit(steps, out, resume=False):
-        return dq.training.fit(
-            params=params, loss_fn=dq.models.lm_loss(model, memory_length=M),
-            optimizer=optax.sgd(0.1), num_steps=steps, rng=jax.random.PRNGKey(1), carry=mem0,
-            train_data=dq.data.LMBatches(tokens, num_streams=B, segment_length=T), log_every=1,
-            checkpoint_dir=str(out / "ckpt"), metrics_path=str(out / "m.jsonl"), resume=resume,
-            progress=False, print_fn=None,
-        )  # fmt: skip
-
-    full = fit(6, tmp_path / "full")
-    fit(3, tmp_path / "cut")
-    resumed = fit(6, tmp_path / "cut", resume=True)
-    assert resumed.restored_step == 3
-    losses = lambda p: [r["loss"] for r in dq.training.read_jsonl(p) if r["split"] == "train"]  # noqa: E731
-    assert losses(tmp_path / "cut" / "m.jsonl") == losses(tmp_path / "full" / "m.jsonl")
-    np.testing.assert_array_equal(resumed.state.carry, full.state.carry)
-    assert float(jnp.max(jnp.abs(full.state.carry))) > 0.1  # a real memory was carried
-    for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(full.state.params)):
-        np.testing.assert_array_equal(a, b)
-
-
-@pytest.mark.slow  # ~20 s alone, ~60 s on a loaded 2-core machine
-def test_language_model_smoke(tmp_path):
-    summary = run_smoke(
-        "language_model", tmp_path, "--models", "deq,tied", "--jr_gamma", "0.1", timeout=900
-    )
-    assert summary["data_source"]  # printed and stored; offline this is the labelled stand-in
-    assert summary["is_standin"] == summary["data_source"].startswith("STAND-IN: ")
-    deq, tied = summary["results"]
-    assert (deq["model"], tied["model"]) == ("deq", "tied")
-    # The explicit model is unrolled to the DEQ's measured forward NFE.
-    assert tied["depth_or_max_steps"] == max(1, round(deq["forward_nfe_train"]))
-    assert deq["params"] == tied["params"]  # same weight-tied cell, same embeddings/head
-    for r in (deq, tied):
-        # A vocabulary of 300 pieces: an untrained model sits near ppl 300, never at 1 or inf.
-        assert 20 < r["valid_ppl"] < 3000
-        assert r["train_step_s_median"] > 0 and r["tokens_per_s"] > 0
-        assert r["compiled_temp_bytes"] is None or r["compiled_temp_bytes"] > 0
-        assert len(r["history"]["nll"]) == 3
-    # The DEQ reports its forward residual (explicit models: NaN) and the JR estimate.
-    assert 0 < deq["forward_rel_residual_eval"] < 1
-    assert math.isnan(float(tied["forward_rel_residual_eval"]))  # JSON: "nan"
-    assert deq["jac_fro_sq_train_last"] > 0
-    # Carried memory: one [B, M, D] equilibrium vs one state per explicit layer.
-    depth = tied["depth_or_max_steps"]
-    assert deq["carried_memory_shape"] == [4, 16, 16]  # smoke: B=4, M=T=16, D=16
-    assert tied["carried_memory_shape"] == [depth, 4, 16, 16]
-    assert tied["carried_memory_bytes"] == depth * deq["carried_memory_bytes"] == depth * 4096
-    assert (tmp_path / "loss.png").exists() and (tmp_path / "metrics_deq.jsonl").exists()
-
-
-@pytest.mark.slow
-def test_language_model_smoke_untied_no_memory_pre_ln(tmp_path):
-    summary = run_smoke(
-        "language_model", tmp_path, "--models", "deq,untied", "--no-memory", "--pre_ln", timeout=900
-    )
-    deq, untied = summary["results"]
-    assert untied["params"] > deq["params"]
-    assert all(math.isfinite(r["valid_ppl"]) for r in summary["results"])
-    assert deq["carried_memory_bytes"] == untied["carried_memory_bytes"] == 0
-
-
-@pytest.mark.parametrize("flag", ["--d_model", "--ffn_scale", "--seed"])
-def test_repro_lm_init_refuses_sweep_flags_after_the_separator(flag, monkeypatch, capsys):
-    """A ``--d_model`` after ``--`` would change the width but not ``d_ff`` (GOE then fails, the
-    other families silently widen): the driver refuses it, as it does the swept flags."""
-    from experiments import repro_lm_init
-
-    monkeypatch.setattr("sys.argv", ["repro_lm_init", "--seeds", "1", "--", flag, "64"])
-    with pytest.raises(SystemExit) as e:
-        repro_lm_init.main()
-    assert e.value.code == 2 and "before '--'" in capsys.readouterr().err
-
-
-@pytest.mark.slow  # three smoke LM runs, ~1-2 min
-def test_repro_lm_init_sweep_runs_each_family_and_resumes(tmp_path):
-    """``experiments/repro_lm_init.py`` (REPRODUCTION.md claim 2): one run per (scale, family,
-    seed) with the FFN drawn from that ensemble at ``d_ff = d_model``; ``summary.json`` holds each
-    run's loss and curves; a second call skips finished runs and resumes a killed one."""
-    from tests.helpers.run_experiment import run_module
-
-    sweep = ("--families", "gaussian,goe", "--scales", "1.5", "--seeds", "1", "--d_model", "16")
-    flags = (*sweep, "--threshold", "100", "--curve_every", "1", "--out_dir", str(tmp_path))
-    flags = (*flags, "--", "--smoke")
-    assert run_module("repro_lm_init", *flags, timeout=900).stdout.count("valid_ppl=") == 2
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert [(r["family"], r["scale"], r["seed"]) for r in summary["runs"]] == [
-        ("gaussian", 1.5, 0),
-        ("goe", 1.5, 0),
-    ]
-    for r in summary["runs"]:
-        config = json.loads((tmp_path / f"s1.5_{r['family']}_seed0" / "config.json").read_text())
-        assert (config["ffn_init"], config["ffn_scale"], config["d_ff"]) == (r["family"], 1.5, 16)
-        assert len(r["train_nll"]) == 3 and math.isfinite(r["valid_loss"])
-        assert r["below_threshold"] == 1.0  # every finite loss is below 100 nats
-    done = tmp_path / "s1.5_goe_seed0" / "results.json"
-    mtime = done.stat().st_mtime_ns
-    (tmp_path / "s1.5_gaussian_seed0" / "results.json").unlink()  # as if killed before the end
-    proc = run_module("repro_lm_init", *flags, timeout=900)
-    assert done.stat().st_mtime_ns == mtime  # finished: not run again
-    assert proc.stdout.count("valid_ppl=") == 1  # the killed one continued (--resume), not refused
-    again = json.loads((tmp_path / "summary.json").read_text())["runs"][0]
-    assert again["valid_loss"] == summary["runs"][0]["valid_loss"]  # from its final checkpoint

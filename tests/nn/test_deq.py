@@ -1,4 +1,5 @@
-"""dq.nn.DEQ: the Haiku DEQ module (issue 6, part A)."""
+"""dq.nn.DEQ: parameters, the forward pass of ``__call__`` and ``solve``, masks, init, eval,
+gradients and configuration errors."""
 
 import functools
 
@@ -10,44 +11,20 @@ import pytest
 
 import deqjax as dq
 from deqjax import nn
+from tests.helpers.deq_cells import (
+    MAX_STEPS,
+    RATE,
+    SOLVER,
+    B,
+    D,
+    TinyCell,
+    inputs,
+    rel_err,
+    spread_inputs,
+    zeros_state,
+)
 
-B, D, DX = 3, 4, 5
-MAX_STEPS = 80
-SOLVER = functools.partial(dq.solvers.fixed_point_iteration, tol=1e-12, max_steps=MAX_STEPS)
 FAST = functools.partial(dq.solvers.fixed_point_iteration, max_steps=3)
-RATE = 0.3
-
-
-class TinyCell(hk.Module):
-    """f(z; x) = m ⊙ tanh(z W + U x): W weight-normalised; U x and the mask m once per forward."""
-
-    def __init__(self, record=None, name=None):
-        super().__init__(name=name)
-        self.record = record
-
-    def __call__(self, z, x, *, is_training=False):
-        w = nn.WeightNorm([D, D], w_init=hk.initializers.RandomNormal(0.4 / D**0.5))(z.dtype)
-        u = nn.per_forward(
-            "inj", lambda: x @ hk.get_parameter("U", [DX, D], z.dtype, init=jnp.ones)
-        )
-        drop = nn.VariationalDropout(RATE, name="drop")
-        if self.record is not None:  # the mask this evaluation uses, seen through a ones probe
-            jax.debug.callback(self.record, drop(jnp.ones_like(z), is_training=is_training))
-        return drop(jnp.tanh(z @ w + u), is_training=is_training)  # [B, D]
-
-
-def inputs(seed=0, b=B):
-    return jax.random.normal(jax.random.PRNGKey(seed), (b, DX), jnp.float64)
-
-
-def rel_err(a, b):
-    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-    num = max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(la, lb))
-    return num / max(float(jnp.max(jnp.abs(v))) for v in lb)
-
-
-def zeros_state(x):
-    return jnp.zeros((x.shape[0], D), x.dtype)
 
 
 def make(adjoint=None, per_example=True, **kw):
@@ -291,11 +268,6 @@ def test_initial_state_sources_and_plain_function_cells():
     assert z_default.shape == z_custom.shape == (B, D)
 
 
-def test_per_forward_outside_a_deq_just_computes():
-    t = hk.transform(lambda: nn.per_forward("v", lambda: jnp.arange(3.0)))
-    np.testing.assert_array_equal(t.apply(t.init(None), None), jnp.arange(3.0))
-
-
 def test_bad_configuration_raises():
     def build(**kw):
         def f(x):
@@ -331,153 +303,6 @@ def test_bad_configuration_raises():
         solve(z0=jnp.zeros((2, 3), jnp.int32))
 
 
-# --- batch-native per-example mode (issue 15 item 5) ---------------------------------------------
-
-SOLVERS = {
-    "fixed_point": SOLVER,
-    "anderson": functools.partial(dq.solvers.anderson, tol=1e-11, max_steps=MAX_STEPS),
-    "broyden": functools.partial(dq.solvers.broyden, tol=1e-11, max_steps=MAX_STEPS, memory=10),
-}
-
-
-class ShapeRecordingCell(TinyCell):
-    """TinyCell that records the batch size of every (traced) evaluation."""
-
-    def __init__(self, batches, name=None):
-        super().__init__(name=name)
-        self.batches = batches
-
-    def __call__(self, z, x, *, is_training=False):
-        self.batches.append(z.shape[0])
-        return super().__call__(z, x, is_training=is_training)
-
-
-def make_mode(per_example, solver, batches=None, adjoint=None):
-    def forward(x):
-        cell = TinyCell() if batches is None else ShapeRecordingCell(batches, name="tiny_cell")
-        deq = nn.DEQ(
-            cell,
-            solver=solver,
-            adjoint=adjoint,
-            per_example=per_example,
-            init_state=zeros_state,
-        )
-        out = deq.solve(x, is_training=False)
-        return out.z_star, out.solution
-
-    return hk.transform(forward)
-
-
-def spread_inputs(b=5):
-    """Inputs whose examples need different numbers of steps (different saturation)."""
-    scale = jnp.array([0.05, 0.5, 1.0, 3.0, 10.0][:b], jnp.float64)[:, None]
-    return inputs(seed=7, b=b) * scale
-
-
-@pytest.mark.parametrize("name", sorted(SOLVERS))
-def test_batch_native_equals_vmap_mode_per_example(name, base):
-    """z*, per-example num_steps/status/residuals and float64 implicit gradients of the default
-    (batch-native) mode equal the vmap mode's; the cell sees the whole batch, never batch 1."""
-    _, params, _ = base
-    x = spread_inputs()
-    solver = SOLVERS[name]
-    native_batches, vmap_batches = [], []
-    native = make_mode(True, solver, native_batches)
-    vmapped = make_mode("vmap", solver, vmap_batches)
-
-    def run(t):
-        def loss(p, x):
-            z, sol = t.apply(p, None, x)
-            return jnp.sum(jnp.sin(z)) + 0.5 * jnp.sum(z**2), (z, sol)
-
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
-
-    (_, (z_n, sol_n)), g_n = run(native)
-    (_, (z_v, sol_v)), g_v = run(vmapped)
-    assert set(native_batches) == {x.shape[0]}  # whole batch in every cell evaluation
-    assert set(vmap_batches) == {1}
-    assert sol_n.num_steps.shape == sol_n.status.shape == (x.shape[0],)
-    assert sol_n.trace.shape == (x.shape[0], MAX_STEPS)
-    assert len(set(np.asarray(sol_n.num_steps).tolist())) > 1  # examples stop on their own
-    np.testing.assert_array_equal(sol_n.num_steps, sol_v.num_steps)
-    np.testing.assert_array_equal(sol_n.status, sol_v.status)
-    assert np.all(np.asarray(sol_n.status) == dq.solvers.CONVERGED)
-    np.testing.assert_allclose(z_n, z_v, rtol=1e-9, atol=1e-11)
-    np.testing.assert_allclose(sol_n.f_value, sol_v.f_value, rtol=1e-9, atol=1e-11)
-    np.testing.assert_allclose(sol_n.rel_residual, sol_v.rel_residual, rtol=1e-3, atol=1e-14)
-    assert rel_err(g_n, g_v) < 1e-8
-
-
-def test_user_solver_without_batch_ndim_falls_back_to_vmap(base):
-    """A solver without the batch_ndim keyword runs per example through vmap (same answer)."""
-    _, params, _ = base
-    x = spread_inputs()
-    batches = []
-
-    def my_solver(f, z0):
-        return SOLVER(f, z0)
-
-    z_user, sol_user = jax.jit(make_mode(True, my_solver, batches).apply)(params, None, x)
-    z_ref, sol_ref = jax.jit(make_mode(True, SOLVER).apply)(params, None, x)
-    assert set(batches) == {1}
-    np.testing.assert_allclose(z_user, z_ref, rtol=1e-9, atol=1e-11)
-    np.testing.assert_array_equal(sol_user.num_steps, sol_ref.num_steps)
-
-
-class NoisyDropCell(hk.Module):
-    """f(z) = drop(0.5 tanh(z) + x) + 0.1 ε with ε ~ N(0, I) drawn from the cell's own key."""
-
-    def __init__(self, record=None, name=None):
-        super().__init__(name=name)
-        self.record = record
-
-    def __call__(self, z, x, *, is_training=True):
-        eps = jax.random.normal(hk.next_rng_key(), z.shape, z.dtype)
-        drop = nn.VariationalDropout(RATE, name="drop")
-        if self.record is not None:
-            jax.debug.callback(self.record, drop(jnp.ones_like(z), is_training=is_training), eps)
-        return drop(0.5 * jnp.tanh(z) + x, is_training=is_training) + 0.1 * eps
-
-
-def test_batch_native_dropout_masks_and_keys_per_example_and_fixed_across_iterations():
-    seen = []
-    x = jax.random.normal(jax.random.PRNGKey(0), (6, 64), jnp.float64)
-
-    def forward(x):
-        deq = nn.DEQ(
-            NoisyDropCell(record=lambda m, e: seen.append((np.asarray(m), np.asarray(e)))),
-            solver=SOLVERS["anderson"],
-        )
-        out = deq.solve(x)
-        return out.z_star, out.solution, out.cell_fn(out.z_star)
-
-    t = hk.transform(forward)
-    params = t.init(jax.random.PRNGKey(0), x)
-    seen.clear()
-    z, sol, fz = jax.jit(t.apply)(params, jax.random.PRNGKey(1), x)
-    jax.effects_barrier()
-    assert np.all(np.asarray(sol.status) == dq.solvers.CONVERGED)
-    np.testing.assert_allclose(fz, z, atol=1e-9)  # the same masks and noise in cell_fn
-    # prepare pass + one whole-batch evaluation per loop step + cell_fn (prepare + step)
-    assert len(seen) == int(jnp.max(sol.num_steps)) + 3
-    mask0, eps0 = seen[0]
-    assert mask0.shape == eps0.shape == x.shape
-    for m, e in seen:  # identical in every solver iteration
-        np.testing.assert_array_equal(m, mask0)
-        np.testing.assert_array_equal(e, eps0)
-    # every example has its own mask and noise (rows independent, not one shared row)
-    for i in range(x.shape[0]):
-        for j in range(i):
-            assert not np.array_equal(mask0[i], mask0[j])
-            assert not np.allclose(eps0[i], eps0[j])
-    keep = np.mean(mask0 > 0)
-    assert 0.55 < keep < 0.85  # rate 0.3
-    seen.clear()
-    jax.jit(t.apply)(params, jax.random.PRNGKey(2), x)
-    jax.effects_barrier()
-    assert not np.array_equal(seen[0][0], mask0)  # a new forward pass draws new masks
-
-
 @pytest.mark.slow
 def test_f_star_is_f_of_z_star_with_the_implicit_gradient_of_the_cell_fn_readout(base):
     """f_star = f(z*) without another cell evaluation, and (implicit adjoint) the same gradient
@@ -485,7 +310,8 @@ def test_f_star_is_f_of_z_star_with_the_implicit_gradient_of_the_cell_fn_readout
     _, params, _ = base
     x = spread_inputs()
     loose = functools.partial(dq.solvers.anderson, tol=1e-3, max_steps=MAX_STEPS)
-    tight_bwd = dq.ImplicitAdjoint(solver=functools.partial(SOLVERS["anderson"], tol=1e-12))
+    tight = functools.partial(dq.solvers.anderson, tol=1e-12, max_steps=MAX_STEPS)
+    tight_bwd = dq.ImplicitAdjoint(solver=tight)
 
     def forward(x):
         deq = nn.DEQ(TinyCell(), solver=loose, adjoint=tight_bwd, init_state=zeros_state)
@@ -503,9 +329,36 @@ def test_f_star_is_f_of_z_star_with_the_implicit_gradient_of_the_cell_fn_readout
     assert rel_err(g_z, g_cell) > 1e-6  # not trivially equal: z* is not f(z*) here
 
 
-def test_per_example_mode_names_are_checked():
-    def f(x):
-        return nn.DEQ(lambda z, x: z, solver=SOLVER, per_example="native")(x)
+def test_call_and_solve_create_the_same_parameters_and_values():
+    """One forward pass behind both methods: the same parameter names and initial values, and
+    the same equilibrium and statistics, whichever method creates the parameters."""
+    x = inputs()
 
-    with pytest.raises(ValueError, match='per_example must be True, False or "vmap"'):
+    def forward(x, method):
+        deq = nn.DEQ(TinyCell(), solver=SOLVER, init_state=zeros_state)
+        if method == "call":
+            return deq(x, is_training=False)
+        out = deq.solve(x, is_training=False)
+        return out.z_star, out.solution
+
+    by_call = hk.transform(functools.partial(forward, method="call"))
+    by_solve = hk.transform(functools.partial(forward, method="solve"))
+    p_call = by_call.init(jax.random.PRNGKey(0), x)
+    p_solve = by_solve.init(jax.random.PRNGKey(0), x)
+    assert (
+        set(p_call) == set(p_solve) == {"deq/lifted/tiny_cell", "deq/lifted/tiny_cell/weight_norm"}
+    )
+    for a, b in zip(jax.tree_util.tree_leaves(p_call), jax.tree_util.tree_leaves(p_solve)):
+        np.testing.assert_array_equal(a, b)
+    (z_c, sol_c), (z_s, sol_s) = by_call.apply(p_call, None, x), by_solve.apply(p_call, None, x)
+    np.testing.assert_array_equal(z_c, z_s)
+    np.testing.assert_array_equal(sol_c.num_steps, sol_s.num_steps)
+    np.testing.assert_array_equal(sol_c.rel_residual, sol_s.rel_residual)
+
+
+def test_per_example_is_a_bool():
+    def f(x):
+        return nn.DEQ(lambda z, x: z, solver=SOLVER, per_example="vmap")(x)
+
+    with pytest.raises(ValueError, match="per_example must be a bool"):
         hk.transform(f).init(None, jnp.zeros((2, 3)))

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deqjax._src.data import lm_batching
-from deqjax._src.models import sequence
+from deqjax._src.models.memory import next_memory, reset_memory
 
 
 def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -45,12 +45,12 @@ def lm_loss(model: hk.Transformed, *, memory_length: int | None) -> Callable[...
 
     def loss_fn(params, batch, key, reg_state, step, *, carry):
         del reg_state
-        mems = None if memory_length is None else sequence.reset_memory(carry, batch["reset"])
+        mems = None if memory_length is None else reset_memory(carry, batch["reset"])
         logits, aux = model.apply(params, key, batch["inputs"], mems, True)
         nll = token_nll(logits, batch["targets"])
         metrics = {k: aux[k] for k in ("nfe", "rel_residual", "z_rms")}
         metrics |= {"nll": nll, "jac_fro_sq": aux["jr/frobenius_sq"]}
-        nxt = () if memory_length is None else sequence.next_memory(aux["new_mems"], memory_length)
+        nxt = () if memory_length is None else next_memory(aux["new_mems"], memory_length)
         return nll + aux["jr"], metrics, nxt
 
     return loss_fn
@@ -92,6 +92,6 @@ def evaluate_lm(
         nll = token_nll(logits, seg.targets)
         sums += [float(nll), float(aux["nfe"]), float(aux["rel_residual"])]
         count += 1
-        memory = None if length is None else sequence.next_memory(aux["new_mems"], length)
+        memory = None if length is None else next_memory(aux["new_mems"], length)
     means = sums / count if count else np.full(3, np.nan)
     return dict(zip(("nll", "nfe", "rel_residual"), map(float, means))) | {"segments": count}

@@ -37,30 +37,28 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import adjoints, checks
+from deqjax import solvers
+from deqjax._src import checks
 from deqjax._src import jacobian_regularization as jr_lib
-from deqjax._src.models import jr_aux
-from deqjax._src.nn import deq as deq_lib
+from deqjax._src.models import deq_settings
 from deqjax._src.nn import multiscale_cell, norms
-from deqjax._src.solvers import anderson as anderson_lib
-from deqjax._src.solvers import base, summary
 
 PyTree = Any
 
 
-def budget_solver(budget: int, *, tol: float, m: int = 5) -> base.Solver:
-    """The inference solver of budget ``budget``: Anderson with ``max_steps = budget`` (module
-    docstring); the head reads ``f(z_best)``, so the prediction depends on ``≤ budget``
-    evaluations of the cell.
+def budget_solver(budget: int, *, tol: float, m: int = 5) -> solvers.Anderson:
+    """The inference solver of budget ``budget``: ``dq.solvers.Anderson(max_steps=budget, tol=tol,
+    m=m)`` (module docstring); the head reads ``f(z_best)``, so the prediction depends on
+    ``≤ budget`` evaluations of the cell.
 
     Raises:
       ValueError: if ``budget`` is not an int ``>= 1``.
     """
     checks.check_positive_int(budget, "budget")
-    return anderson_lib.Anderson(max_steps=budget, tol=tol, m=m)
+    return solvers.Anderson(max_steps=budget, tol=tol, m=m)
 
 
-def grid_pool(z: jax.Array, grid: int) -> jax.Array:
+def _grid_pool(z: jax.Array, grid: int) -> jax.Array:
     """Average-pools ``[B, H, W, C]`` to a ``g × g`` grid (``g = min(grid, H, W)``) and flattens:
     ``[B, g²·C]``."""
     b, h, w, c = z.shape
@@ -69,7 +67,7 @@ def grid_pool(z: jax.Array, grid: int) -> jax.Array:
     return z.reshape(b, -1)
 
 
-def per_example_norm(tree_: PyTree) -> jax.Array:
+def _per_example_norm(tree_: PyTree) -> jax.Array:
     """Per-example L2 norm of a pytree of ``[B, ...]`` arrays: ``[B]``."""
     sq = [jnp.sum(jnp.square(a.reshape(a.shape[0], -1)), axis=1) for a in jax.tree.leaves(tree_)]
     return jnp.sqrt(functools.reduce(jnp.add, sq))
@@ -89,8 +87,8 @@ class MDEQClassifier(hk.Module):
       dropout_rate: the cell's recurrent (variational) dropout.
       stem_stride: stride of the stem convolution (1 or 2).
       head_grid: the head pools every resolution to a ``head_grid × head_grid`` grid.
-      solver: forward solver used when ``is_training=True`` (e.g. Anderson with
-        ``max_steps = 6``); ``None``: ``dq.nn.DEQ``'s default.
+      solver: forward solver used when ``is_training=True`` (e.g.
+        ``dq.solvers.Anderson(max_steps=6, tol=1e-3)``); ``None``: ``dq.solvers.Anderson()``.
       eval_solver: solver used when ``is_training=False`` (e.g. :func:`budget_solver`);
         ``None``: ``solver``.
       adjoint: the DEQ's gradient strategy (``None``: ``dq.ImplicitAdjoint()``).
@@ -103,8 +101,8 @@ class MDEQClassifier(hk.Module):
 
     Example:
       >>> def forward(images, is_training):
-      ...     model = dq.models.MDEQClassifier((8, 16), solver=functools.partial(
-      ...         dq.solvers.anderson, max_steps=6, tol=1e-3))
+      ...     model = dq.models.MDEQClassifier(
+      ...         (8, 16), solver=dq.solvers.Anderson(max_steps=6, tol=1e-3))
       ...     logits, aux = model(images, is_training=is_training)
       ...     return logits, aux["jr"]
     """
@@ -119,9 +117,9 @@ class MDEQClassifier(hk.Module):
         dropout_rate: float = 0.0,
         stem_stride: int = 2,
         head_grid: int = 4,
-        solver: base.Solver | None = None,
-        eval_solver: base.Solver | None = None,
-        adjoint: adjoints.Adjoint | None = None,
+        solver: Any = None,
+        eval_solver: Any = None,
+        adjoint: Any = None,
         regularizer: jr_lib.JacobianRegularizer | None = None,
         name: str | None = None,
     ):
@@ -135,7 +133,6 @@ class MDEQClassifier(hk.Module):
             ("stem_stride", stem_stride),
         ):
             checks.check_positive_int(value, arg)
-        jr_aux.check_regularizer(regularizer)
         self.channels = channels
         self.num_classes = num_classes
         self.num_groups = num_groups
@@ -143,10 +140,7 @@ class MDEQClassifier(hk.Module):
         self.dropout_rate = dropout_rate
         self.stem_stride = stem_stride
         self.head_grid = head_grid
-        self.solver = anderson_lib.anderson if solver is None else solver
-        self.eval_solver = eval_solver
-        self.adjoint = adjoint
-        self.regularizer = regularizer
+        self.deq_settings = deq_settings.DEQSettings(solver, eval_solver, adjoint, regularizer)
 
     def stem(self, images: jax.Array) -> jax.Array:
         """``[B, H, W, C] -> [B, H/s, W/s, channels[0]]``: conv (stride ``s``), GroupNorm, ReLU."""
@@ -157,7 +151,7 @@ class MDEQClassifier(hk.Module):
 
     def head(self, zs: Sequence[jax.Array]) -> jax.Array:
         """ReLU, grid pooling of every resolution, concatenation, one linear layer -> logits."""
-        pooled = [grid_pool(jax.nn.relu(z), self.head_grid) for z in zs]
+        pooled = [_grid_pool(jax.nn.relu(z), self.head_grid) for z in zs]
         return hk.Linear(self.num_classes, name="classifier")(jnp.concatenate(pooled, axis=-1))
 
     def __call__(
@@ -191,22 +185,14 @@ class MDEQClassifier(hk.Module):
             dropout_rate=self.dropout_rate,
             name="mdeq_cell",
         )
-        deq = deq_lib.DEQ(
-            cell,
-            solver=self.solver,
-            eval_solver=self.eval_solver,
-            adjoint=self.adjoint,
-            name="deq",
-        )
-        out = deq.solve(x, is_training=is_training)
+        out, jr = self.deq_settings.solve(cell, x, is_training=is_training, step=step, name="deq")
         z_read = out.f_star  # f(z*), evaluated by the solver (no extra cell application)
         diff = jax.tree.map(jnp.subtract, z_read, out.z_star)
-        residual = per_example_norm(diff) / (per_example_norm(z_read) + 1e-12)
+        residual = _per_example_norm(diff) / (_per_example_norm(z_read) + 1e-12)
         aux: dict[str, Any] = {
-            "solver": summary.summarize(out.solution),
+            "solver": solvers.summarize(out.solution),
             "nfe": out.solution.num_steps,
             "residual": jax.lax.stop_gradient(residual),
             "readout": z_read,
         }
-        aux.update(jr_aux.jr_terms(self.regularizer, out, is_training, step))
-        return self.head(z_read), aux
+        return self.head(z_read), aux | jr

@@ -19,10 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from deqjax import solvers
 from deqjax._src import checks, jacobian
 from deqjax._src.normalise import as_solver
-from deqjax._src.solvers import base
-from deqjax._src.solvers.solution import CONVERGED, Solution
 
 Params = dict[str, jax.Array]
 
@@ -85,14 +84,21 @@ class ScalarDEQ:
         """``∂f/∂z`` at each ``(x, z)``: ``[B]`` (the Jacobian of a scalar DEQ)."""
         return jax.vmap(jax.grad(self.cell, argnums=2), in_axes=(None, 0, 0))(params, xs, zs)
 
-    def solve(self, params: Params, xs: jax.Array, solver: base.Solver) -> Solution:
+    def solve(self, params: Params, xs: jax.Array, solver: Any) -> solvers.Solution:
         """Per-example solves of ``z = f(z; x)`` from ``z = 0``, no gradient (a monitor).
 
-        Batch-native (``batch_ndim=1``): one loop for the batch, each example stopping on its own.
+        Batch-native (``solver`` with ``batch_ndim=1``): one loop for the batch, each example
+        stopping on its own.
+
+        Args:
+          params: the model's parameters.
+          xs: inputs ``[B]``.
+          solver: a batch-native solver (e.g. ``dq.solvers.Anderson(max_steps=6, tol=1e-4)``).
         """
+        batch_solver = as_solver(solver, name="solver").replace(batch_ndim=1)
         params = jax.lax.stop_gradient(params)
         f = lambda z: self.batch_cell(params, xs, z)  # noqa: E731
-        return as_solver(solver).replace(batch_ndim=1)(f, jnp.zeros(xs.shape, jnp.float32))
+        return batch_solver(f, jnp.zeros(xs.shape, jnp.float32))
 
 
 def jr_fig5_metrics(
@@ -101,13 +107,23 @@ def jr_fig5_metrics(
     xs: jax.Array,
     ys: jax.Array,
     *,
-    forward: base.Solver,
-    backward: base.Solver,
-    tight: base.Solver,
+    forward: Any,
+    backward: Any,
+    tight: Any,
     eval_fpi: Any,
-    eval_broyden: base.Solver,
+    eval_broyden: Any,
 ) -> dict[str, jax.Array]:
     """The JR paper's Fig. 5 table for one run on ``(xs, ys)`` (jit-able, no gradient).
+
+    Args:
+      model, params: the model and its parameters.
+      xs, ys: validation inputs and targets ``[B]``.
+      forward: the training forward solver.
+      backward: the implicit backward solver (for ``backward_rel_residual``).
+      tight: a tight solver for the reference ``z*``.
+      eval_fpi: fixed-point iteration whose NFE is reported (a solver object with ``max_steps``,
+        e.g. ``dq.solvers.FixedPointIteration(max_steps=30, tol=1e-4)``).
+      eval_broyden: Broyden whose NFE is reported.
 
     Returns:
       ``val_mse`` (with the training ``forward`` solver), ``val_mse_tight`` (solved by ``tight``),
@@ -116,6 +132,8 @@ def jr_fig5_metrics(
       ``fpi_converged`` (fraction), ``nfe_broyden`` and ``backward_rel_residual`` (the implicit
       backward solve with ``backward`` for the MSE's cotangent, per example, mean).
     """
+    eval_fpi = as_solver(eval_fpi, name="eval_fpi")
+    backward = as_solver(backward, name="backward")
     s6, st = model.solve(params, xs, forward), model.solve(params, xs, tight)
     sf, sb = model.solve(params, xs, eval_fpi), model.solve(params, xs, eval_broyden)
     z, slope = st.value, jnp.abs(model.slope(params, xs, st.value))
@@ -125,7 +143,7 @@ def jr_fig5_metrics(
             model.cell, params, x, zz, gg, solver=backward
         )
     )(xs, z, g)
-    conv_f = sf.status == CONVERGED
+    conv_f = sf.status == solvers.CONVERGED
     f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
     return {
         "val_mse": jnp.mean((s6.value - ys) ** 2),
@@ -144,7 +162,7 @@ def plot_jr_fig5(
     params: dict[str, Params],
     path: str,
     *,
-    solver: base.Solver,
+    solver: Any,
     x_range: tuple[float, float] = (-2.0, 2.0),
     x_slice: float = -1.0,
     linear_sign: int = -1,

@@ -18,15 +18,12 @@ segment (Transformer-XL style, gradient stopped):
   memory is also accepted (every layer attends to the same states).
 
 With a memory, ``aux["new_mems"]`` holds the next segment's memory (this segment's states:
-``[B, T, D]`` for the DEQ, ``[depth, B, T, D]`` for the explicit models; :func:`next_memory` keeps
-the last ``M`` positions), gradient stopped. Carrying it costs ``depth`` times more for the
-explicit models: the DEQ paper's memory claim covers the carried state as well as the activations.
+``[B, T, D]`` for the DEQ, ``[depth, B, T, D]`` for the explicit models;
+:func:`~deqjax.models.next_memory` keeps the last ``M`` positions), gradient stopped. Carrying
+it costs ``depth`` times more for the explicit models: the DEQ paper's memory claim covers the
+carried state as well as the activations.
 
-Cells: ``"transformer"`` (:class:`~deqjax.nn.TransformerCell`, ``d_ff = 2 d_model``; memory is
-attended to) or ``"trellis"`` (:class:`~deqjax.nn.TrellisCell` with ``d_model // 2`` hidden units,
-state ``[h; c]``; the memory's last position is its history padding). A trellis cell of kernel
-``k`` moves information ``k - 1`` positions per evaluation, so ``n`` evaluations (solver steps or
-layers) see ``n (k - 1)`` positions back (:func:`trellis_reach`).
+Cells: ``"transformer"`` or ``"trellis"`` (:mod:`deqjax._src.models.sequence_cells`).
 """
 
 from __future__ import annotations
@@ -37,118 +34,10 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import adjoints, checks
+from deqjax import solvers
+from deqjax._src import checks
 from deqjax._src import jacobian_regularization as jr_lib
-from deqjax._src.models import jr_aux
-from deqjax._src.nn import deq as deq_lib
-from deqjax._src.nn import transformer_cell, trellis_cell
-from deqjax._src.solvers import anderson as anderson_lib
-from deqjax._src.solvers import base, summary
-
-KINDS = ("deq", "tied", "untied")
-CELLS = ("transformer", "trellis")
-
-
-def sequence_cell(
-    cell: str,
-    *,
-    d_model: int,
-    num_heads: int = 4,
-    pre_ln: bool = False,
-    trellis_kernel: int = 2,
-    d_ff: int | None = None,
-    ffn_init: hk.initializers.Initializer | None = None,
-    name: str | None = None,
-) -> hk.Module:
-    """A transformer or trellis cell whose state has ``d_model`` features (call inside a
-    transform).
-
-    ``d_ff`` (``None``: ``2 * d_model``) and ``ffn_init`` (the FFN weights' initializer, e.g.
-    ``dq.initializers.GOE(2.0)`` for the init paper's §4.3; ``None``: the JR paper's
-    ``N(0, 0.01)``) are the transformer cell's; the trellis cell takes neither.
-
-    Raises:
-      ValueError: if ``cell`` is not one of :data:`CELLS`, or ``d_ff``/``ffn_init`` is given to
-        the trellis cell.
-    """
-    if cell == "transformer":
-        d_ff = 2 * d_model if d_ff is None else d_ff
-        return transformer_cell.TransformerCell(
-            d_model, num_heads=num_heads, d_ff=d_ff, pre_ln=pre_ln, w_init=ffn_init, name=name
-        )
-    if cell == "trellis":
-        if d_ff is not None or ffn_init is not None:
-            raise ValueError("d_ff and ffn_init are transformer-cell options; cell is 'trellis'.")
-        return trellis_cell.TrellisCell(d_model // 2, kernel_size=trellis_kernel, name=name)
-    raise ValueError(f"cell must be one of {CELLS}, got {cell!r}.")
-
-
-def cell_input(cell: str, x: jax.Array, mems: jax.Array | None) -> Any:
-    """The cell's input for embeddings ``x`` and a ``[B, M, D]`` memory (or ``None``)."""
-    if cell == "transformer":
-        return transformer_cell.TransformerInput(x, mems)
-    if mems is None:
-        return trellis_cell.TrellisInput(x)
-    return trellis_cell.TrellisInput(x, history=mems[:, -1:])
-
-
-def trellis_reach(num_evals: int, kernel_size: int) -> int:
-    """How many positions back ``num_evals`` trellis evaluations can carry information.
-
-    One evaluation reads the hidden states ``k - 1`` positions back through the causal
-    convolution of kernel ``k`` and the cell state one position back, so information moves at most
-    ``k - 1`` positions per evaluation, whether the evaluations are explicit layers or DEQ solver
-    steps (a solver's iterates are built from evaluations only).
-    """
-    return num_evals * (kernel_size - 1)
-
-
-def memory_shape(
-    kind: str, *, batch_size: int, memory_length: int, d_model: int, depth: int
-) -> tuple[int, ...]:
-    """The carried memory's shape: ``[B, M, D]`` (DEQ) or ``[depth, B, M, D]`` (explicit)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
-    shape = (batch_size, memory_length, d_model)
-    return shape if kind == "deq" else (depth,) + shape
-
-
-def initial_memory(
-    kind: str,
-    *,
-    batch_size: int,
-    memory_length: int,
-    d_model: int,
-    depth: int,
-    dtype: Any = jnp.float32,
-) -> jax.Array:
-    """Zero memory before a stream's first segment (shape :func:`memory_shape`)."""
-    shape = memory_shape(
-        kind, batch_size=batch_size, memory_length=memory_length, d_model=d_model, depth=depth
-    )
-    return jnp.zeros(shape, dtype)
-
-
-def next_memory(new_mems: jax.Array, memory_length: int) -> jax.Array:
-    """The next segment's memory: the last ``memory_length`` positions of ``aux["new_mems"]``."""
-    return new_mems[..., -memory_length:, :]
-
-
-def reset_memory(mems: jax.Array, reset: jax.Array) -> jax.Array:
-    """``mems`` with the streams flagged by ``reset [B]`` (bool) set to zero: the memory of a
-    stream whose new pass begins (``dq.data.LMBatches``' ``batch["reset"]``). ``mems`` is
-    ``[B, M, D]`` or ``[depth, B, M, D]``.
-
-    Raises:
-      ValueError: if ``mems`` is neither, or its batch axis differs from ``reset``'s.
-    """
-    if mems.ndim not in (3, 4) or mems.shape[mems.ndim - 3] != reset.shape[0]:
-        raise ValueError(
-            f"mems must be [B, M, D] or [depth, B, M, D] with B = reset's {reset.shape[0]}, got "
-            f"shape {mems.shape}."
-        )
-    flag = reset[:, None, None] if mems.ndim == 3 else reset[None, :, None, None]
-    return jnp.where(flag, jnp.zeros_like(mems), mems)
+from deqjax._src.models import deq_settings, memory, sequence_cells
 
 
 class SequenceBackbone(hk.Module):
@@ -173,10 +62,17 @@ class SequenceBackbone(hk.Module):
         report zeros).
       name: Haiku module name.
 
+    Attributes:
+      KINDS: the backbone kinds, ``("deq", "tied", "untied")``.
+      CELLS: the cells, ``("transformer", "trellis")``.
+
     Raises:
       ValueError: for an unknown ``kind`` or ``cell``, ``depth < 1`` or a ``regularizer`` that
         is not a ``JacobianRegularizer``.
     """
+
+    KINDS = memory.KINDS
+    CELLS = sequence_cells.CELLS
 
     def __init__(
         self,
@@ -190,19 +86,18 @@ class SequenceBackbone(hk.Module):
         trellis_kernel: int = 2,
         d_ff: int | None = None,
         ffn_init: hk.initializers.Initializer | None = None,
-        solver: base.Solver | None = None,
-        eval_solver: base.Solver | None = None,
-        adjoint: adjoints.Adjoint | None = None,
+        solver: Any = None,
+        eval_solver: Any = None,
+        adjoint: Any = None,
         regularizer: jr_lib.JacobianRegularizer | None = None,
         name: str | None = None,
     ):
         super().__init__(name=name)
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
-        if cell not in CELLS:
-            raise ValueError(f"cell must be one of {CELLS}, got {cell!r}.")
+        if kind not in self.KINDS:
+            raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}.")
+        if cell not in self.CELLS:
+            raise ValueError(f"cell must be one of {self.CELLS}, got {cell!r}.")
         checks.check_positive_int(depth, "depth")
-        jr_aux.check_regularizer(regularizer)
         self.kind = kind
         self.cell = cell
         self.d_model = d_model
@@ -212,13 +107,10 @@ class SequenceBackbone(hk.Module):
         self.trellis_kernel = trellis_kernel
         self.d_ff = d_ff
         self.ffn_init = ffn_init
-        self.solver = anderson_lib.anderson if solver is None else solver
-        self.eval_solver = eval_solver
-        self.adjoint = adjoint
-        self.regularizer = regularizer
+        self.deq_settings = deq_settings.DEQSettings(solver, eval_solver, adjoint, regularizer)
 
     def _cell(self, name: str | None = None) -> hk.Module:
-        return sequence_cell(
+        return sequence_cells.sequence_cell(
             self.cell,
             d_model=self.d_model,
             num_heads=self.num_heads,
@@ -263,12 +155,9 @@ class SequenceBackbone(hk.Module):
     def _deq(self, x, mems, is_training, step):
         if mems is not None and mems.ndim != 3:
             raise ValueError(f"mems of the DEQ must be [B, M, D], got shape {mems.shape}.")
-        deq = deq_lib.DEQ(
-            self._cell(), solver=self.solver, eval_solver=self.eval_solver, adjoint=self.adjoint
-        )
-        out = deq.solve(cell_input(self.cell, x, mems), is_training=is_training)
-        aux = summary.summarize(out.solution)  # nfe, rel_residual (batch means), ...
-        aux.update(jr_aux.jr_terms(self.regularizer, out, is_training, step))
+        x_cell = sequence_cells.cell_input(self.cell, x, mems)
+        out, jr = self.deq_settings.solve(self._cell(), x_cell, is_training=is_training, step=step)
+        aux = solvers.summarize(out.solution) | jr  # nfe, rel_residual (batch means), ...
         if mems is not None:
             aux["new_mems"] = jax.lax.stop_gradient(out.z_star)
         return out.z_star, aux
@@ -290,12 +179,12 @@ class SequenceBackbone(hk.Module):
         layer_inputs = []
         for f, mem in zip(cells, layer_mems):
             layer_inputs.append(z)
-            z = f(z, cell_input(self.cell, x, mem), is_training=is_training)
+            z = f(z, sequence_cells.cell_input(self.cell, x, mem), is_training=is_training)
         zero = jnp.zeros((), x.dtype)
         aux = {
             "nfe": jnp.asarray(float(depth), jnp.float32),
             "rel_residual": jnp.full((), jnp.nan, jnp.float32),
-        } | dict.fromkeys(jr_aux.KEYS, zero)
+        } | dict.fromkeys(deq_settings.JR_KEYS, zero)
         if mems is not None:
             aux["new_mems"] = jax.lax.stop_gradient(jnp.stack(layer_inputs))  # [depth, B, T, D]
         return z, aux

@@ -8,9 +8,9 @@ The trellis state is ``[h; c]``; the head reads the hidden half ``h``. A pre-LN 
 state un-normalised, so a final LayerNorm precedes the head (as in pre-LN transformers).
 
 The memory is the recurrent carry of a language model trained on contiguous segments
-(``dq.data.LMBatches``): start from ``dq.models.initial_memory(...)`` and pass
-``next_memory(aux["new_mems"], M)`` to the next segment's call (see
-:mod:`deqjax._src.models.sequence`).
+(``dq.data.lm_segments``): start from ``dq.models.initial_memory(...)`` and pass
+``dq.models.next_memory(aux["new_mems"], M)`` to the next segment's call (see
+:mod:`deqjax._src.models.memory`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class SequenceModel(hk.Module):
 
     Example:
       >>> def forward(tokens, mems, is_training):
-      ...     model = dq.models.SequenceModel(2000, "deq", d_model=64, solver=solver)
+      ...     model = dq.models.SequenceModel(
+      ...         2000, "deq", d_model=64, solver=dq.solvers.Anderson(max_steps=12, tol=1e-3))
       ...     return model(tokens, mems, is_training=is_training)   # (logits, aux)
     """
 

@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks
-from deqjax._src.nn import deq as deq_lib
 from deqjax._src.nn import norms, variational_dropout, weight_norm
+from deqjax._src.nn.per_forward import per_forward
 
 FORMS = ("resnet", "single", "two_layer")
 
@@ -131,7 +131,7 @@ class MLPCell(hk.Module):
                 out = out + hk.get_parameter("b", [out.shape[-1]], dtype, init=jnp.zeros)[None, :]
             return out
 
-        u = deq_lib.per_forward("injection", injection)
+        u = per_forward("injection", injection)
 
         if self.form == "single":
             w = weight("W", [d, d])

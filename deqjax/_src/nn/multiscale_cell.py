@@ -124,11 +124,10 @@ class MultiscaleCell(hk.Module):
         self.activation = activation
         self.w_init = w_init
         self.weight_norm = weight_norm
-        self.dropout_rate = dropout_rate
+        self.dropout_rate = variational_dropout.check_rate(dropout_rate, "dropout_rate")
         if not checks.check_real(norm_eps, "norm_eps") > 0:
             raise ValueError(f"norm_eps must be a positive float, got {norm_eps!r}.")
         self.norm_eps = float(norm_eps)
-        variational_dropout.VariationalDropout(dropout_rate)  # validates the rate eagerly
 
     @property
     def num_resolutions(self) -> int:

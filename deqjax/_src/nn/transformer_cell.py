@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from deqjax._src import checks
 from deqjax._src.nn import norms, variational_dropout, weight_norm
 from deqjax._src.nn import relative_attention as rel_attn
-from deqjax._src.nn.deq import per_forward
+from deqjax._src.nn.per_forward import per_forward
 
 Initializer = Any  # hk.initializers.Initializer or any (shape, dtype) -> array callable
 
@@ -54,6 +54,24 @@ class TransformerInput(NamedTuple):
 
     x: jax.Array
     mems: jax.Array | None = None
+
+
+class _Weights(NamedTuple):
+    """The layer's weights: attention ``W_Q, W_K, W_V, W_O`` ``[D, D]``, FFN ``W_1`` ``[D, F]``,
+    ``W_2`` ``[F, D]``, biases ``b_O`` ``[D]``, ``b_1`` ``[F]``, ``b_2`` ``[D]``, and the content
+    and position biases ``u, v`` ``[H, Dh]``."""
+
+    w_q: jax.Array
+    w_k: jax.Array
+    w_v: jax.Array
+    w_o: jax.Array
+    w_1: jax.Array
+    w_2: jax.Array
+    b_o: jax.Array
+    b_1: jax.Array
+    b_2: jax.Array
+    u_bias: jax.Array
+    v_bias: jax.Array
 
 
 def _check_initializer(value: Any, name: str) -> None:
@@ -110,7 +128,7 @@ class TransformerCell(hk.Module):
     Example:
       >>> def forward(x, mems):  # x: [B, T, Dx] embeddings, mems: [B, M, 64]
       ...     cell = dq.nn.TransformerCell(64, num_heads=4, dropout=0.06)
-      ...     deq = dq.nn.DEQ(cell, solver=functools.partial(dq.solvers.anderson, max_steps=12))
+      ...     deq = dq.nn.DEQ(cell, solver=dq.solvers.Anderson(max_steps=12))
       ...     z_star, sol = deq(dq.nn.TransformerInput(x, mems))
       ...     return z_star  # [B, T, 64]; its last M positions are the next segment's mems
     """
@@ -141,9 +159,6 @@ class TransformerCell(hk.Module):
         if d_ff is None:
             d_ff = 4 * d_model
         checks.check_positive_int(d_ff, "d_ff")
-        checks.check_real(dropout, "dropout")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}.")
         checks.check_bool(pre_ln, "pre_ln")
         checks.check_bool(weight_norm, "weight_norm")
         _check_initializer(w_init, "w_init")
@@ -153,7 +168,7 @@ class TransformerCell(hk.Module):
         self.num_heads = num_heads
         self.d_head = d_model // num_heads
         self.d_ff = d_ff
-        self.dropout = float(dropout)
+        self.dropout = variational_dropout.check_rate(dropout, "dropout")
         self.pre_ln = pre_ln
         self.weight_norm = weight_norm
         self.w_init = w_init
@@ -180,96 +195,124 @@ class TransformerCell(hk.Module):
           ``[B, T, D]`` the new state.
         """
         inputs, mems = (x.x, x.mems) if isinstance(x, TransformerInput) else (x, None)
-        d, h, dh = self.d_model, self.num_heads, self.d_head
-        if inputs.ndim != 3:
-            raise ValueError(f"x must be [B, T, Dx], got shape {inputs.shape}.")
-        b, t, dx = inputs.shape
-        if z.shape != (b, t, d):
-            raise ValueError(f"z must be [B, T, D] = {(b, t, d)}, got shape {z.shape}.")
-        if mems is not None and (mems.ndim != 3 or mems.shape[0] != b or mems.shape[2] != d):
-            raise ValueError(f"mems must be [B, M, D] with B={b}, D={d}, got shape {mems.shape}.")
-        dtype = z.dtype
-        paper_init = hk.initializers.RandomNormal(_PAPER_STDDEV)
-        ffn_init = self.w_init or paper_init
-        attn_init = self.attn_w_init or paper_init
-        inject_init = self.inject_w_init or paper_init
+        self._check_shapes(z, inputs, mems)
+        b, t, d = z.shape
         drop = self.dropout if is_training else 0.0
-
         ln_attn = norms.LayerNorm(name="ln_attn")
         ln_ffn = norms.LayerNorm(name="ln_ffn")
-
-        def weight(name, shape, init):  # plain or weight-normed, computed once per forward
-            return weight_norm.get_weight(
-                name, shape, dtype, w_init=init, weight_norm=self.weight_norm
-            )
-
         # ---- once per forward pass: weights, injection, positions, memory keys/values ----------
-        w_q = weight("w_q", (d, d), attn_init)  # [D, D]
-        w_k = weight("w_k", (d, d), attn_init)  # [D, D]
-        w_v = weight("w_v", (d, d), attn_init)  # [D, D]
-        w_o = weight("w_o", (d, d), attn_init)  # [D, D]
-        w_1 = weight("w_ff1", (d, self.d_ff), ffn_init)  # [D, F]
-        w_2 = weight("w_ff2", (self.d_ff, d), ffn_init)  # [F, D]
-        b_o = hk.get_parameter("b_o", (d,), dtype, init=jnp.zeros)  # [D]
-        b_1 = hk.get_parameter("b_ff1", (self.d_ff,), dtype, init=jnp.zeros)  # [F]
-        b_2 = hk.get_parameter("b_ff2", (d,), dtype, init=jnp.zeros)  # [D]
-        bias_init = hk.initializers.RandomUniform(-0.05, 0.05)  # as the DEQ-Transformer code
-        u_bias = hk.get_parameter("u_bias", (h, dh), dtype, init=bias_init)  # [H, Dh]
-        v_bias = hk.get_parameter("v_bias", (h, dh), dtype, init=bias_init)  # [H, Dh]
-
-        def injection():
-            ws = [
-                hk.get_parameter(f"w_inject_{n}", (dx, d), dtype, init=inject_init) for n in "qkv"
-            ]
-            b_x = hk.get_parameter("b_inject", (3, d), dtype, init=jnp.zeros)  # [3, D]
-            return jnp.stack([inputs @ w for w in ws], axis=2) + b_x[None, None]  # [B, T, 3, D]
-
-        inject = per_forward("injection", injection)  # [B, T, 3, D]
+        w = self._weights(z.dtype)
+        inject = per_forward("injection", lambda: self._injection(inputs, z.dtype))  # [B, T, 3, D]
         m = 0 if mems is None else mems.shape[1]
-
-        def relative_embedding():
-            w_r = hk.get_parameter("w_r", (d, d), dtype, init=attn_init)  # [D, D] (no weight norm)
-            pos = rel_attn.relative_positions(m + t, dtype)  # [K]
-            return rel_attn.sinusoidal_embedding(pos, d) @ w_r  # [K, D]
-
-        r = per_forward("relative_embedding", relative_embedding).reshape(m + t, h, dh)
-
+        r = per_forward("relative_embedding", lambda: self._relative_embedding(m + t, z.dtype))
         if mems is not None:
 
             def memory_kv():
                 mem_in = ln_attn(mems) if self.pre_ln else mems  # [B, M, D]
-                return mem_in @ w_k, mem_in @ w_v  # [B, M, D] each
+                return mem_in @ w.w_k, mem_in @ w.w_v  # [B, M, D] each
 
-            k_mem, v_mem = per_forward("memory_kv", memory_kv)
-
+            memory = per_forward("memory_kv", memory_kv)
         # ---- per solver step ----------------------------------------------------------------
         z_in = ln_attn(z) if self.pre_ln else z  # [B, T, D]
-        q = z_in @ w_q + inject[:, :, 0]  # [B, T, D]
-        k = z_in @ w_k + inject[:, :, 1]  # [B, T, D]
-        v = z_in @ w_v + inject[:, :, 2]  # [B, T, D]
-        if mems is not None:
-            k = jnp.concatenate([k_mem, k], axis=1)  # [B, M+T, D]
-            v = jnp.concatenate([v_mem, v], axis=1)  # [B, M+T, D]
-        q = variational_dropout.time_shared_dropout("drop_q", q, drop)
-        k = variational_dropout.time_shared_dropout("drop_k", k, drop)
-        v = variational_dropout.time_shared_dropout("drop_v", v, drop)
-        attn = rel_attn.relative_attention(
-            q.reshape(b, t, h, dh),
-            k.reshape(b, m + t, h, dh),
-            v.reshape(b, m + t, h, dh),
-            r,
-            u_bias,
-            v_bias,
-        )  # [B, T, H, Dh]
-        a = attn.reshape(b, t, d) @ w_o + b_o[None, None]  # [B, T, D]
-        a = variational_dropout.time_shared_dropout("drop_attn", a, drop)
+        a = self._attention(z_in, inject, None if mems is None else memory, r, w, drop)
         y = z + a if self.pre_ln else ln_attn(z + a)  # [B, T, D]
-
         # pre-LN: the FFN's skip path starts after LN₂ (JR paper's DEQ-Transformer code), so the
         # output LN₂(y) + FFN(LN₂(y)) does not carry the scale of z (see the module docstring).
         y_in = ln_ffn(y) if self.pre_ln else y  # [B, T, D]
-        hidden = jax.nn.relu(y_in @ w_1 + b_1[None, None])  # [B, T, F]
+        hidden = jax.nn.relu(y_in @ w.w_1 + w.b_1[None, None])  # [B, T, F]
         hidden = variational_dropout.time_shared_dropout("drop_ff1", hidden, drop)
-        ff = hidden @ w_2 + b_2[None, None]  # [B, T, D]
+        ff = hidden @ w.w_2 + w.b_2[None, None]  # [B, T, D]
         ff = variational_dropout.time_shared_dropout("drop_ff2", ff, drop)
         return y_in + ff if self.pre_ln else ln_ffn(y + ff)  # [B, T, D]
+
+    def _check_shapes(self, z: jax.Array, inputs: jax.Array, mems: jax.Array | None) -> None:
+        d = self.d_model
+        if inputs.ndim != 3:
+            raise ValueError(f"x must be [B, T, Dx], got shape {inputs.shape}.")
+        b, t, _ = inputs.shape
+        if z.shape != (b, t, d):
+            raise ValueError(f"z must be [B, T, D] = {(b, t, d)}, got shape {z.shape}.")
+        if mems is not None and (mems.ndim != 3 or mems.shape[0] != b or mems.shape[2] != d):
+            raise ValueError(f"mems must be [B, M, D] with B={b}, D={d}, got shape {mems.shape}.")
+
+    @hk.transparent
+    def _weights(self, dtype: Any) -> _Weights:
+        """The layer's weights (plain or weight-normed, computed once per forward) and biases."""
+        d, f, h, dh = self.d_model, self.d_ff, self.num_heads, self.d_head
+        paper_init = hk.initializers.RandomNormal(_PAPER_STDDEV)
+        ffn_init = self.w_init or paper_init
+        attn_init = self.attn_w_init or paper_init
+
+        def weight(name, shape, init):
+            return weight_norm.get_weight(
+                name, shape, dtype, w_init=init, weight_norm=self.weight_norm
+            )
+
+        bias_init = hk.initializers.RandomUniform(-0.05, 0.05)  # as the DEQ-Transformer code
+        return _Weights(
+            w_q=weight("w_q", (d, d), attn_init),
+            w_k=weight("w_k", (d, d), attn_init),
+            w_v=weight("w_v", (d, d), attn_init),
+            w_o=weight("w_o", (d, d), attn_init),
+            w_1=weight("w_ff1", (d, f), ffn_init),
+            w_2=weight("w_ff2", (f, d), ffn_init),
+            b_o=hk.get_parameter("b_o", (d,), dtype, init=jnp.zeros),
+            b_1=hk.get_parameter("b_ff1", (f,), dtype, init=jnp.zeros),
+            b_2=hk.get_parameter("b_ff2", (d,), dtype, init=jnp.zeros),
+            u_bias=hk.get_parameter("u_bias", (h, dh), dtype, init=bias_init),
+            v_bias=hk.get_parameter("v_bias", (h, dh), dtype, init=bias_init),
+        )
+
+    @hk.transparent
+    def _injection(self, inputs: jax.Array, dtype: Any) -> jax.Array:
+        """``x̃ = x W_x + b_x`` for Q, K and V: ``[B, T, 3, D]``."""
+        d, dx = self.d_model, inputs.shape[-1]
+        init = self.inject_w_init or hk.initializers.RandomNormal(_PAPER_STDDEV)
+        ws = [hk.get_parameter(f"w_inject_{n}", (dx, d), dtype, init=init) for n in "qkv"]
+        b_x = hk.get_parameter("b_inject", (3, d), dtype, init=jnp.zeros)  # [3, D]
+        return jnp.stack([inputs @ w for w in ws], axis=2) + b_x[None, None]  # [B, T, 3, D]
+
+    @hk.transparent
+    def _relative_embedding(self, length: int, dtype: Any) -> jax.Array:
+        """The projected sinusoidal embeddings of the ``length`` distances: ``[K, H, Dh]``."""
+        d = self.d_model
+        init = self.attn_w_init or hk.initializers.RandomNormal(_PAPER_STDDEV)
+        w_r = hk.get_parameter("w_r", (d, d), dtype, init=init)  # [D, D] (no weight norm)
+        pos = rel_attn.relative_positions(length, dtype)  # [K]
+        r = rel_attn.sinusoidal_embedding(pos, d) @ w_r  # [K, D]
+        return r.reshape(length, self.num_heads, self.d_head)
+
+    @hk.transparent
+    def _attention(
+        self,
+        z_in: jax.Array,
+        inject: jax.Array,
+        memory: tuple[jax.Array, jax.Array] | None,
+        r: jax.Array,
+        w: _Weights,
+        drop: float,
+    ) -> jax.Array:
+        """Relative self-attention over the memory and the segment, output projected: ``[B, T,
+        D]``; ``memory``: the memory's keys and values, ``[B, M, D]`` each."""
+        b, t, d = z_in.shape
+        h, dh = self.num_heads, self.d_head
+        q = z_in @ w.w_q + inject[:, :, 0]  # [B, T, D]
+        k = z_in @ w.w_k + inject[:, :, 1]  # [B, T, D]
+        v = z_in @ w.w_v + inject[:, :, 2]  # [B, T, D]
+        if memory is not None:
+            k = jnp.concatenate([memory[0], k], axis=1)  # [B, M+T, D]
+            v = jnp.concatenate([memory[1], v], axis=1)  # [B, M+T, D]
+        q = variational_dropout.time_shared_dropout("drop_q", q, drop)
+        k = variational_dropout.time_shared_dropout("drop_k", k, drop)
+        v = variational_dropout.time_shared_dropout("drop_v", v, drop)
+        kk = k.shape[1]
+        attn = rel_attn.relative_attention(
+            q.reshape(b, t, h, dh),
+            k.reshape(b, kk, h, dh),
+            v.reshape(b, kk, h, dh),
+            r,
+            w.u_bias,
+            w.v_bias,
+        )  # [B, T, H, Dh]
+        a = attn.reshape(b, t, d) @ w.w_o + w.b_o[None, None]  # [B, T, D]
+        return variational_dropout.time_shared_dropout("drop_attn", a, drop)

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from deqjax._src import checks
 from deqjax._src.nn import variational_dropout, weight_norm
-from deqjax._src.nn.deq import per_forward
+from deqjax._src.nn.per_forward import per_forward
 
 Initializer = Any  # hk.initializers.Initializer or any (shape, dtype) -> array callable
 
@@ -110,7 +110,7 @@ class TrellisCell(hk.Module):
 
     Example:
       >>> cell = dq.nn.TrellisCell(32, kernel_size=2)
-      >>> deq = dq.nn.DEQ(cell, solver=functools.partial(dq.solvers.broyden, max_steps=30))
+      >>> deq = dq.nn.DEQ(cell, solver=dq.solvers.Broyden(max_steps=30))
       >>> z_star, sol = deq(dq.nn.TrellisInput(x, history=z_prev[:, -1:]))  # x: [B, T, Dx]
       >>> h = dq.nn.TrellisCell.hidden(z_star)  # [B, T, 32]
     """
@@ -136,9 +136,6 @@ class TrellisCell(hk.Module):
                 f"{kernel_size}."
             )
         checks.check_positive_int(dilation, "dilation")
-        checks.check_real(dropout, "dropout")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}.")
         checks.check_bool(weight_norm, "weight_norm")
         for arg, value in (("w_init", w_init), ("inject_w_init", inject_w_init)):
             if value is not None and not callable(value):
@@ -146,7 +143,7 @@ class TrellisCell(hk.Module):
         self.hidden_size = hidden_size
         self.kernel_size = kernel_size
         self.dilation = dilation
-        self.dropout = float(dropout)
+        self.dropout = variational_dropout.check_rate(dropout, "dropout")
         self.weight_norm = weight_norm
         self.w_init = w_init
         self.inject_w_init = inject_w_init

@@ -15,7 +15,18 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks
-from deqjax._src.nn import deq as deq_lib
+from deqjax._src.nn.per_forward import per_forward
+
+
+def check_rate(rate: float, name: str) -> float:
+    """``rate`` as a float, checked to be a dropout rate in ``[0, 1)``.
+
+    Raises:
+      ValueError: naming ``name``, for a non-real ``rate`` or one outside ``[0, 1)``.
+    """
+    if not 0.0 <= checks.check_real(rate, name) < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {rate!r}.")
+    return float(rate)
 
 
 class VariationalDropout(hk.Module):
@@ -38,15 +49,13 @@ class VariationalDropout(hk.Module):
 
     def __init__(self, rate: float, *, broadcast_axes: Sequence[int] = (), name: str | None = None):
         super().__init__(name=name)
-        if not 0.0 <= checks.check_real(rate, "rate") < 1.0:
-            raise ValueError(f"rate must be a float in [0, 1), got {rate!r}.")
+        self.rate = check_rate(rate, "rate")
         try:
             self.broadcast_axes = tuple(int(a) for a in broadcast_axes)
         except (TypeError, ValueError) as e:
             raise ValueError(
                 f"broadcast_axes must be a sequence of ints, got {broadcast_axes!r}."
             ) from e
-        self.rate = float(rate)
 
     def __call__(self, x: jax.Array, *, is_training: bool) -> jax.Array:
         """Applies the mask (identity when ``is_training`` is False or ``rate`` is 0).
@@ -69,7 +78,7 @@ class VariationalDropout(hk.Module):
             m = jax.random.bernoulli(hk.next_rng_key(), keep, mask_shape)
             return m.astype(x.dtype) / jnp.asarray(keep, x.dtype)
 
-        return x * deq_lib.per_forward("mask", draw)
+        return x * per_forward("mask", draw)
 
 
 def time_shared_dropout(name: str, value: jax.Array, rate: float) -> jax.Array:

@@ -15,7 +15,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src.nn import deq as deq_lib
+from deqjax._src.nn.per_forward import per_forward
 
 
 def _check_shape(shape: Sequence[int]) -> tuple[int, ...]:
@@ -90,7 +90,7 @@ class WeightNorm(hk.Module):
             g = hk.get_parameter("g", g_shape, dtype, init=lambda *_: norm)
             return v * (g / norm)
 
-        return deq_lib.per_forward("w", compute)
+        return per_forward("w", compute)
 
 
 def get_weight(

@@ -1,0 +1,114 @@
+"""How a model solves its DEQ: the forward and evaluation solvers, the adjoint and the Jacobian
+regulariser, held once for every model (the MDEQ classifier, the sequence backbone).
+
+:class:`DEQSettings` normalises the solvers once (``as_solver``) and checks the regulariser;
+:meth:`DEQSettings.solve` runs ``dq.nn.DEQ(cell).solve(x)`` and returns the JR penalty (JR paper
+Eq. 4) as entries of the model's ``aux`` dict (:func:`jr_terms`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+
+from deqjax import solvers
+from deqjax._src import jacobian_regularization as jr_lib
+from deqjax._src import tree
+from deqjax._src.nn import deq as deq_lib
+from deqjax._src.normalise import as_solver
+
+JR_KEYS = ("jr", "jr/frobenius_sq", "jr/applied")
+
+
+@dataclasses.dataclass(frozen=True)
+class DEQSettings:
+    """The solve of a model's DEQ.
+
+    Attributes:
+      solver: forward solver used when ``is_training=True`` (``None``: ``dq.solvers.Anderson()``),
+        held as a solver object.
+      eval_solver: solver used when ``is_training=False`` (``None``: ``solver``).
+      adjoint: the DEQ's gradient strategy (``None``: ``dq.ImplicitAdjoint()``).
+      regularizer: JR penalty computed when ``is_training`` (``None``: none).
+
+    Raises:
+      ValueError: for a solver that is not one, or a ``regularizer`` that is not a
+        ``dq.regularization.JacobianRegularizer``.
+    """
+
+    solver: Any = None
+    eval_solver: Any = None
+    adjoint: Any = None
+    regularizer: jr_lib.JacobianRegularizer | None = None
+
+    def __post_init__(self):
+        solver = solvers.Anderson() if self.solver is None else self.solver
+        object.__setattr__(self, "solver", as_solver(solver, name="solver"))
+        if self.eval_solver is not None:
+            eval_solver = as_solver(self.eval_solver, name="eval_solver")
+            object.__setattr__(self, "eval_solver", eval_solver)
+        if self.regularizer is not None and not isinstance(
+            self.regularizer, jr_lib.JacobianRegularizer
+        ):
+            raise ValueError(
+                f"regularizer must be a dq.regularization.JacobianRegularizer or None, got "
+                f"{self.regularizer!r}."
+            )
+
+    def solve(
+        self,
+        cell: deq_lib.Cell,
+        x: Any,
+        *,
+        is_training: bool,
+        step: jax.Array | None,
+        name: str | None = None,
+    ) -> tuple[deq_lib.DEQOutput, dict[str, jax.Array]]:
+        """``dq.nn.DEQ(cell).solve(x)`` with these settings (call inside a Haiku transform).
+
+        Args:
+          cell: the DEQ's cell.
+          x: the DEQ's input.
+          is_training: ``solver`` (and the JR penalty) vs ``eval_solver``; passed to the cell.
+          step: the training step, for a ``regularizer`` whose ``gamma`` is a schedule.
+          name: the DEQ module's name.
+
+        Returns:
+          ``(out, jr)``: the :class:`~deqjax.nn.DEQOutput` and :func:`jr_terms` of it.
+        """
+        deq = deq_lib.DEQ(
+            cell,
+            solver=self.solver,
+            eval_solver=self.eval_solver,
+            adjoint=self.adjoint,
+            name=name,
+        )
+        out = deq.solve(x, is_training=is_training)
+        return out, jr_terms(self.regularizer, out, is_training, step)
+
+
+def jr_terms(
+    regularizer: jr_lib.JacobianRegularizer | None,
+    out: deq_lib.DEQOutput,
+    is_training: bool,
+    step: jax.Array | None,
+) -> dict[str, jax.Array]:
+    """``{"jr": τ γ ‖J_f(z*)‖²_F / d, "jr/frobenius_sq": estimate, "jr/applied": τ}`` of
+    ``regularizer`` at this forward pass's ``z*`` (call inside ``hk.transform``; the key is
+    ``hk.next_rng_key()``); zeros without a regularizer or when not ``is_training``.
+
+    The gate ``τ ~ Bernoulli(p)`` is drawn in-graph (one compiled step for both outcomes).
+    """
+    if regularizer is None or not is_training:
+        zero = jnp.zeros((), tree.reduction_dtype(out.z_star))
+        return dict.fromkeys(JR_KEYS, zero)
+    term, metrics = regularizer.penalty(out.cell_fn, out.z_star, hk.next_rng_key(), step)
+    return {
+        "jr": term,
+        "jr/frobenius_sq": metrics["jr/frobenius_sq"],
+        "jr/applied": metrics["jr/applied"],
+    }
