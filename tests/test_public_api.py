@@ -58,7 +58,7 @@ def test_solver_objects_and_summary_names():
         "NormalCG",
     ]:
         assert issubclass(getattr(dq.solvers, name), dq.solvers.Solver)
-    for name in ["summarize", "describe", "from_dict"]:
+    for name in ["summarize", "as_solver", "from_dict"]:
         assert callable(getattr(dq.solvers, name))
     for name in dq.solvers.__all__:
         assert hasattr(dq.solvers, name)
