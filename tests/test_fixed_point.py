@@ -17,6 +17,8 @@ from tests.helpers.dense_ift import (
     flip_problem,
     loss_of_z,
     rel_err,
+    small_cell,
+    small_problem,
     tanh_cell,
 )
 
@@ -227,3 +229,40 @@ def test_wrong_z0_shape_names_z0_and_x_shapes():
     # f runs but returns another shape: named too.
     with pytest.raises(ValueError, match=r"z0 has shape float64\[1\]"):
         dq.fixed_point(lambda p, x, z: jnp.tanh(p["W"] @ x + z), p, x, jnp.zeros(1))
+
+
+@pytest.mark.parametrize(
+    "obj, fn, adjoint",
+    [
+        (dq.solvers.Reversible(max_steps=30, tol=1e-8), dq.solvers.reversible, "ReversibleAdjoint"),
+        (dq.solvers.Broyden(max_steps=30, tol=1e-8), dq.solvers.broyden, "ShineAdjoint"),
+    ],
+    ids=["reversible", "shine"],
+)
+def test_objects_drive_the_adjoints_that_need_their_solver(obj, fn, adjoint):
+    w, x, z0 = small_problem()
+    adj = getattr(dq, adjoint)()
+
+    def grad(solver):
+        loss = lambda p: jnp.sum(
+            dq.fixed_point(small_cell, p, x, z0, solver=solver, adjoint=adj)[0]
+        )  # noqa: E731
+        return jax.grad(loss)(w)
+
+    want = grad(functools.partial(fn, max_steps=30, tol=1e-8))
+    np.testing.assert_allclose(grad(obj), want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("adjoint", [dq.ImplicitAdjoint(), dq.UnrolledAdjoint()], ids=repr)
+def test_an_object_solver_gives_the_gradient_of_the_partial(adjoint):
+    w, x, z0 = small_problem()
+
+    def grad(solver):
+        def loss(p):
+            return jnp.sum(dq.fixed_point(small_cell, p, x, z0, solver=solver, adjoint=adjoint)[0])
+
+        return jax.grad(loss)(w)
+
+    obj = grad(dq.solvers.Anderson(tol=1e-10, max_steps=60))
+    part = grad(functools.partial(dq.solvers.anderson, tol=1e-10, max_steps=60))
+    np.testing.assert_allclose(obj, part, rtol=1e-10, atol=1e-12)

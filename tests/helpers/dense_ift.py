@@ -95,3 +95,14 @@ def rel_err(a, b):
     la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
     num = max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(la, lb))
     return num / max(float(jnp.max(jnp.abs(v))) for v in lb)
+
+
+def small_cell(p, x, z):
+    """``tanh(W z + x)`` on one example: the smallest DEQ cell."""
+    return jnp.tanh(p @ z + x)
+
+
+def small_problem(d=4):
+    """``(W, x, z0)`` of :func:`small_cell`: a contraction, a ramp input, a zero start."""
+    w = 0.4 * jax.random.normal(jax.random.PRNGKey(1), (d, d)) / np.sqrt(d)
+    return w, jnp.linspace(-1.0, 1.0, d), jnp.zeros(d)

@@ -362,3 +362,16 @@ def test_per_example_is_a_bool():
 
     with pytest.raises(ValueError, match="per_example must be a bool"):
         hk.transform(f).init(None, jnp.zeros((2, 3)))
+
+
+def test_deq_with_a_solver_object_is_batch_native():
+    def forward(x):
+        deq = dq.nn.DEQ(dq.nn.MLPCell(), solver=dq.solvers.Anderson(tol=1e-8, max_steps=40))
+        return deq(x)
+
+    t = hk.transform(forward)
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 6))
+    params = t.init(jax.random.PRNGKey(1), x)
+    z, sol = t.apply(params, None, x)
+    assert z.shape == (3, 6) and sol.status.shape == (3,) and sol.trace.shape == (3, 40)
+    assert np.all(np.asarray(sol.status) == dq.solvers.CONVERGED)

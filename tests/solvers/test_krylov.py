@@ -75,3 +75,75 @@ def test_has_aux_is_the_aux_at_the_value(name):
         np.testing.assert_allclose(sol.aux["out"], want["out"], rtol=1e-12)
         np.testing.assert_allclose(sol.aux["sum"], want["sum"], rtol=1e-12)
     assert solver.replace(has_aux=False)(lambda u: f(bs[0])(u)[0], jnp.zeros(8)).aux is None
+
+
+def affine_problem(seed=0, d=12, radius=0.95, batch=None):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(d, d))
+    a *= radius / np.max(np.abs(np.linalg.eigvals(a)))
+    shape = (d,) if batch is None else (batch, d)
+    return jnp.asarray(a), jnp.asarray(rng.normal(size=shape))
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_krylov_solution_statistics(name):
+    a, g = affine_problem()
+
+    def h(u):
+        return g + a.T @ u
+
+    sol = jax.jit(lambda u0: FUNCTIONS[name](h, u0, tol=1e-10, max_steps=600))(jnp.zeros(12))
+    want = np.linalg.solve(np.eye(12) - np.asarray(a).T, np.asarray(g))
+    np.testing.assert_allclose(sol.value, want, rtol=1e-6)  # cond(I - A) ~ 1e2
+    assert int(sol.status) == solvers.CONVERGED and 2 < int(sol.num_steps) <= 600
+    # The residual is the true one, measured after the solve.
+    r = h(sol.value) - sol.value
+    np.testing.assert_allclose(sol.abs_residual, jnp.linalg.norm(r), rtol=1e-6)
+    assert float(sol.rel_residual) <= 1e-10
+    np.testing.assert_allclose(sol.f_value, h(sol.value), rtol=1e-12)  # f at the returned iterate
+    assert sol.trace.shape == (600,) and bool(jnp.isinf(sol.trace[int(sol.num_steps) :]).all())
+    # A budget too small: MAX_STEPS with its best (finite) iterate, never worse than the start.
+    short = FUNCTIONS[name](h, g, tol=1e-14, max_steps=8, stop_mode="abs")
+    assert int(short.status) == solvers.MAX_STEPS
+    assert float(short.abs_residual) <= float(jnp.linalg.norm(h(g) - g))
+    # A start that already solves it costs no Krylov work.
+    done = FUNCTIONS[name](h, jnp.asarray(want), tol=1e-8)
+    assert int(done.status) == solvers.CONVERGED and int(done.num_steps) == 2
+
+
+def test_krylov_nonfinite_status():
+    a, g = affine_problem()
+    sol = solvers.gmres(lambda u: g * jnp.nan + a.T @ u, jnp.zeros(12))
+    assert int(sol.status) == solvers.NONFINITE
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_krylov_batch_ndim_has_per_problem_statistics(name):
+    a, g = affine_problem(batch=4)
+    g = g * jnp.array([1e-3, 1.0, 10.0, 0.0])[:, None]  # the last one is solved by u = 0
+
+    def h(u):
+        return g + u @ a
+
+    sol = FUNCTIONS[name](h, jnp.zeros((4, 12)), tol=1e-9, max_steps=600, batch_ndim=1)
+    assert sol.status.shape == (4,) and sol.trace.shape == (4, 600)
+    assert bool(jnp.all(sol.status == solvers.CONVERGED))
+    want = np.linalg.solve(np.eye(12) - np.asarray(a).T, np.asarray(g).T).T
+    np.testing.assert_allclose(sol.value, want, rtol=1e-7, atol=1e-10)
+    assert bool(jnp.all(sol.rel_residual[:3] <= 1e-9))
+
+
+def test_krylov_bad_arguments():
+    with pytest.raises(ValueError, match="restart"):
+        solvers.gmres(lambda u: u, jnp.zeros(3), restart=0)
+    with pytest.raises(ValueError, match="batch_ndim"):
+        solvers.bicgstab(lambda u: u, jnp.zeros(3), batch_ndim=2)
+
+
+def test_krylov_mixed_stop_mode():
+    a, g = affine_problem(seed=1)
+    sol = solvers.gmres(
+        lambda u: g + a.T @ u, jnp.zeros(12), stop_mode="mixed", tol=1e-9, atol=1e-10, max_steps=400
+    )
+    assert int(sol.status) == solvers.CONVERGED
+    assert float(sol.abs_residual) <= 1e-10 + 1e-9 * float(jnp.linalg.norm(sol.value))
