@@ -11,7 +11,7 @@ JAX transposes the batched scan with a per-example ``[B, d, d]`` cotangent accum
 loop-invariant weights, so use per-example unrolled solves only as a small-scale reference.
 Table 3: XLA's compiled temporary memory (``memory_analysis().temp_size_in_bytes``) of the same
 gradient for the implicit and unrolled adjoints with a fixed number of forward steps (tol = 0).
-Table 4 (``--tables comparison``, issue 18): every adjoint on one batch-native forward Broyden solve
+Table 4 (``--tables comparison``): every adjoint on one batch-native forward Broyden solve
 (reversible: its own solver) — fwd+bwd time, XLA temp memory, and the relative error of the
 parameter gradient against the exact implicit gradient (float64 fixed point, dense float64 adjoint
 solve per example). Table 5 (``--tables shine_k``): SHINE's gradient error against its refinement
@@ -86,7 +86,7 @@ def make_whole_batch_grad(params, x, solver, adjoint):
 
 
 def comparison_adjoints() -> dict:
-    """Issue 18's strategies (SHINE in four variants): name -> (adjoint, forward solver kind)."""
+    """Every gradient strategy (SHINE in four variants): name -> (adjoint, forward solver kind)."""
     return {
         "implicit": (dq.ImplicitAdjoint(), "broyden"),
         "phantom(5, 0.5)": (dq.PhantomAdjoint(steps=5, tau=0.5), "broyden"),
@@ -133,10 +133,10 @@ def rel_error(grad, exact) -> float:
 
 
 def comparison_table(args) -> list[str]:
-    """Table 4: the adjoint comparison of issue 18 at each spectral radius in ``--radii``."""
+    """Table 4: the adjoint comparison at each spectral radius in ``--radii``."""
     lines = [
         "",
-        f"Adjoint comparison (issue 18): d={args.d}, batch={args.batch}, float32, one batch-native "
+        f"Adjoint comparison: d={args.d}, batch={args.batch}, float32, one batch-native "
         f"forward solve (max {args.max_steps} steps, tol {args.tol:g} rel): Broyden (memory "
         "None) for all but reversible (dq.solvers.reversible, beta 0.8, same budget). Loss "
         "mean_b sum(z_b^2); error = relative L2 error of the (W, U, b) gradient against the exact "
@@ -234,7 +234,7 @@ def main(argv=None) -> str:
         "--tables",
         nargs="+",
         default=["per_example", "whole_batch", "memory"],
-        help="per_example, whole_batch, memory, comparison, shine_k (the last two: issue 18; not "
+        help="per_example, whole_batch, memory, comparison, shine_k (the last two are not "
         "run by default)",
     )
     parser.add_argument("--radii", type=float, nargs="+", default=[0.5, 0.9])

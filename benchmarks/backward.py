@@ -1,4 +1,4 @@
-"""Backward solvers (issue 14): gradient error of each implicit-backward option, and its time.
+"""Backward solvers: gradient error of each implicit-backward option, and its time.
 
     python -m benchmarks.backward [--d 512] [--batch 128] [--repeats 3] [--out FILE]
 
@@ -6,7 +6,8 @@ Problems (f(z) = tanh(W z + U x + b), batch-native forward: Anderson with ``batc
 tol 1e-10 rel, so every option differentiates the same z*):
 
 * ``standard``: the shared layer of ``benchmarks.common.tanh_layer`` with ρ(W) = 1;
-* ``hard``: ρ(W) = 1.5 (issue 15's hard case), so ρ(J_f(z*)) is closer to 1;
+* ``hard``: ρ(W) = 1.5 (the hard case of ``benchmarks.solvers`` and ``benchmarks.peers``), so
+  ρ(J_f(z*)) is closer to 1;
 * ``flip``: W symmetric with eigenvalues uniform in [−1.02, 0.5] and a small input (U x scaled by
   0.1), so J_f(z*) has an eigenvalue near −1 (the d = 512 analogue of z = cos z + π/2);
 * ``near+1``: the same with eigenvalues in [−0.5, 1.02]: J_f(z*) has an eigenvalue just below +1,

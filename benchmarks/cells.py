@@ -1,4 +1,4 @@
-"""DEQ cells vs the same cell unrolled as a weight-tied deep network (issue 6).
+"""DEQ cells vs the same cell unrolled as a weight-tied deep network.
 
 For every cell in ``CELLS`` (a dict of factories: adding a cell is one entry), at a realistic
 small size on CPU, float32:

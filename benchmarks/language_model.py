@@ -1,4 +1,4 @@
-"""Train-step throughput and a peak-memory proxy of the LM: DEQ vs explicit transformers (issue 8).
+"""Train-step throughput and a peak-memory proxy of the LM: DEQ vs explicit transformers.
 
 The models of ``experiments/language_model.py`` (``dq.models.SequenceModel``; the train step is
 ``dq.training.train_step`` over ``dq.models.lm_loss``, memory carried) at one width (defaults:

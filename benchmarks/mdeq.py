@@ -1,5 +1,5 @@
-"""MDEQ classifier throughput (issue 8, Benchmark): train images/s with JR off / on, inference
-images/s at a few budgets, and a peak-memory proxy.
+"""MDEQ classifier throughput: train images/s with JR off / on, inference images/s at a few
+budgets, and a peak-memory proxy.
 
 The model is ``dq.models.MDEQClassifier`` at ``experiments/cifar10_mdeq.py``'s default flags
 (``MultiscaleCell`` channels (8, 16) on a stride-2 stem, expansion 2, Anderson ``max_steps = 6``

@@ -1,4 +1,4 @@
-"""deqjax side by side with jaxopt and TorchDEQ, and deqjax's three batching modes (issue 15).
+"""deqjax side by side with jaxopt and TorchDEQ, and deqjax's three batching modes.
 
     python -m benchmarks.peers [--radius 1.0 1.5] [--repeats 5] [--rows deqjax jaxopt torchdeq]
     python -m benchmarks.peers --smoke        # tiny sizes, every row once (checks the script)

@@ -1,4 +1,4 @@
-"""Reversible solver and its reversal adjoint (issue 18): time, memory, reversal and gradient error.
+"""Reversible solver and its reversal adjoint: time, memory, reversal and gradient error.
 
     python -m benchmarks.reversible [--d 512] [--batch 128] [--err_batch 32] [--repeats 3]
                                     [--tables time memory reversal gradient] [--out FILE]

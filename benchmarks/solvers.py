@@ -1,10 +1,10 @@
-"""Forward-solver benchmark on a batched tanh DEQ layer (issues 2 and 15).
+"""Forward-solver benchmark on a batched tanh DEQ layer.
 
 Problem: ``f(z) = tanh(W z + U x + b)`` with ``z, x`` in ``R^d``, ``W`` a Gaussian matrix rescaled
 to a given spectral radius, a batch of inputs, float32, solved to a relative residual of ``1e-4``
 (``stop_mode="rel"``) with per-example stopping, in two ways (``--modes``):
 
-* ``native``: one batch-native solve, ``solver(f, z0, batch_ndim=1)`` (issue 15);
+* ``native``: one batch-native solve (``batch_ndim=1``);
 * ``vmap``: ``jax.vmap`` of the single-example solve.
 
 Reported per (d, spectral radius, batch, solver, mode):
