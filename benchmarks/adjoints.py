@@ -11,7 +11,7 @@ JAX transposes the batched scan with a per-example ``[B, d, d]`` cotangent accum
 loop-invariant weights, so use per-example unrolled solves only as a small-scale reference.
 Table 3: XLA's compiled temporary memory (``memory_analysis().temp_size_in_bytes``) of the same
 gradient for the implicit and unrolled adjoints with a fixed number of forward steps (tol = 0).
-Table 4 (``--tables comparison``, issue 18): every adjoint on one batch-native forward Broyden solve
+Table 4 (``--tables comparison``): every adjoint on one batch-native forward Broyden solve
 (reversible: its own solver) — fwd+bwd time, XLA temp memory, and the relative error of the
 parameter gradient against the exact implicit gradient (float64 fixed point, dense float64 adjoint
 solve per example). Table 5 (``--tables shine_k``): SHINE's gradient error against its refinement
@@ -30,7 +30,15 @@ import jax.numpy as jnp
 import numpy as np
 
 import deqjax as dq
-from benchmarks.common import machine, tanh_cell, tanh_layer, time_fn
+from benchmarks.common import (
+    emit,
+    machine,
+    markdown_row,
+    markdown_section,
+    tanh_cell,
+    tanh_layer,
+    time_fn,
+)
 
 ADJOINTS = {
     "implicit": dq.ImplicitAdjoint(),
@@ -38,6 +46,16 @@ ADJOINTS = {
     "one-step": dq.OneStepAdjoint(),
     "unrolled": dq.UnrolledAdjoint(),
 }
+
+COMPARISON_COLUMNS = (
+    "adjoint",
+    "fwd+bwd time / batch (ms)",
+    "forward NFE (mean / max)",
+    "XLA temp memory (MiB)",
+    "gradient rel. error",
+    "bwd rel. residual (mean)",
+    "fallbacks",
+)
 
 
 def make_grad(params, x, solver, adjoint):
@@ -68,7 +86,7 @@ def make_whole_batch_grad(params, x, solver, adjoint):
 
 
 def comparison_adjoints() -> dict:
-    """Issue 18's strategies (SHINE in four variants): name -> (adjoint, forward solver kind)."""
+    """Every gradient strategy (SHINE in four variants): name -> (adjoint, forward solver kind)."""
     return {
         "implicit": (dq.ImplicitAdjoint(), "broyden"),
         "phantom(5, 0.5)": (dq.PhantomAdjoint(steps=5, tau=0.5), "broyden"),
@@ -115,10 +133,10 @@ def rel_error(grad, exact) -> float:
 
 
 def comparison_table(args) -> list[str]:
-    """Table 4: the adjoint comparison of issue 18 at each spectral radius in ``--radii``."""
+    """Table 4: the adjoint comparison at each spectral radius in ``--radii``."""
     lines = [
         "",
-        f"Adjoint comparison (issue 18): d={args.d}, batch={args.batch}, float32, one batch-native "
+        f"Adjoint comparison: d={args.d}, batch={args.batch}, float32, one batch-native "
         f"forward solve (max {args.max_steps} steps, tol {args.tol:g} rel): Broyden (memory "
         "None) for all but reversible (dq.solvers.reversible, beta 0.8, same budget). Loss "
         "mean_b sum(z_b^2); error = relative L2 error of the (W, U, b) gradient against the exact "
@@ -129,14 +147,8 @@ def comparison_table(args) -> list[str]:
     for radius in args.radii:
         params, x = tanh_layer(args.d, args.batch, radius=radius)
         exact, exact_steps = exact_implicit_grad(params, x)
-        lines += [
-            "",
-            f"Spectral radius of W {radius} (exact z*: {exact_steps} float64 Broyden steps):",
-            "",
-            "| adjoint | fwd+bwd time / batch (ms) | forward NFE (mean / max) | XLA temp memory "
-            "(MiB) | gradient rel. error | bwd rel. residual (mean) | fallbacks |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
+        title = f"Spectral radius of W {radius} (exact z*: {exact_steps} float64 Broyden steps):"
+        lines += markdown_section(title, COMPARISON_COLUMNS, "lrrrrrr")
         grads = {}
         for name, (adjoint, kind) in comparison_adjoints().items():
             base_solver = dq.solvers.broyden if kind == "broyden" else dq.solvers.reversible
@@ -173,25 +185,22 @@ def comparison_table(args) -> list[str]:
             mem = grad.lower(params, probe).compile().memory_analysis().temp_size_in_bytes
             (g, stats), steps = grad(params, probe)
             count = max(float(stats.count), 1.0)
-            lines.append(
-                f"| {name} | {1e3 * seconds:.1f} | {float(jnp.mean(steps)):.1f} / "
-                f"{int(jnp.max(steps))} | {mem / 2**20:.1f} | {rel_error(g, exact):.2e} | "
-                f"{float(stats.rel_residual) / count:.2e} | {int(stats.fallbacks)} |"
-            )
+            nfe = f"{float(jnp.mean(steps)):.1f} / {int(jnp.max(steps))}"
+            cells = [name, 1e3 * seconds, nfe, mem / 2**20, rel_error(g, exact)]
+            cells += [float(stats.rel_residual) / count, int(stats.fallbacks)]
+            lines.append(markdown_row(cells, ["", ".1f", "", ".1f", ".2e", ".2e", ""]))
             print(lines[-1], flush=True)
     return lines
 
 
 def shine_refinement_table(args) -> list[str]:
     """Table 5: SHINE's gradient error against refinement steps k (no fallback), per radius."""
-    lines = [
-        "",
+    title = (
         "SHINE gradient error vs refinement steps k (no fallback; same problem and forward solve "
-        "as the comparison; the implicit row for reference):",
-        "",
-        "| radius | " + " | ".join(f"k={k}" for k in args.shine_k) + " | implicit | one-step |",
-        "| ---: | " + " | ".join("---:" for _ in args.shine_k) + " | ---: | ---: |",
-    ]
+        "as the comparison; the implicit row for reference):"
+    )
+    columns = ["radius", *(f"k={k}" for k in args.shine_k), "implicit", "one-step"]
+    lines = markdown_section(title, columns, "r")
     for radius in args.radii:
         params, x = tanh_layer(args.d, args.batch, radius=radius)
         exact, _ = exact_implicit_grad(params, x)
@@ -210,7 +219,7 @@ def shine_refinement_table(args) -> list[str]:
                 return jnp.mean(jnp.sum(z**2, -1))
 
             errors.append(rel_error(jax.jit(jax.grad(loss))(params), exact))
-        lines.append(f"| {radius} | " + " | ".join(f"{e:.2e}" for e in errors) + " |")
+        lines.append(markdown_row([radius, *errors], ["", *([".2e"] * len(errors))]))
         print(lines[-1], flush=True)
     return lines
 
@@ -225,7 +234,7 @@ def main(argv=None) -> str:
         "--tables",
         nargs="+",
         default=["per_example", "whole_batch", "memory"],
-        help="per_example, whole_batch, memory, comparison, shine_k (the last two: issue 18; not "
+        help="per_example, whole_batch, memory, comparison, shine_k (the last two are not "
         "run by default)",
     )
     parser.add_argument("--radii", type=float, nargs="+", default=[0.5, 0.9])
@@ -243,62 +252,43 @@ def main(argv=None) -> str:
         "",
     ]
     if "per_example" in args.tables:
-        lines += [
-            "",
-            "Per-example solves (`vmap`):",
-            "",
-            "| adjoint | fwd+bwd time / batch (ms) | forward NFE (mean / max) |",
-            "| --- | ---: | ---: |",
-        ]
+        columns = ["adjoint", "fwd+bwd time / batch (ms)", "forward NFE (mean / max)"]
+        lines += markdown_section("Per-example solves (`vmap`):", columns, "lrr")
     for name, adjoint in ADJOINTS.items() if "per_example" in args.tables else ():
         grad = make_grad(params, x, solver, adjoint)
         seconds = time_fn(grad, params, repeats=args.repeats)
         _, steps = grad(params)
         nfe = f"{float(jnp.mean(steps)):.1f} / {int(jnp.max(steps))}"
-        lines.append(f"| {name} | {1e3 * seconds:.1f} | {nfe} |")
+        lines.append(markdown_row([name, 1e3 * seconds, nfe], ["", ".1f", ""]))
 
     if "whole_batch" in args.tables:
-        lines += [
-            "",
-            "One solve for the whole batch:",
-            "",
-            "| adjoint | fwd+bwd time / batch (ms) | forward NFE | temp memory (MiB) |",
-            "| --- | ---: | ---: | ---: |",
-        ]
+        columns = ["adjoint", "fwd+bwd time / batch (ms)", "forward NFE", "temp memory (MiB)"]
+        lines += markdown_section("One solve for the whole batch:", columns, "lrrr")
         for name in ("implicit", "unrolled"):
             grad = make_whole_batch_grad(params, x, solver, ADJOINTS[name])
             seconds = time_fn(grad, params, repeats=args.repeats)
             mem = grad.lower(params).compile().memory_analysis().temp_size_in_bytes / 2**20
             nfe = int(grad(params)[1])
-            lines.append(f"| {name} | {1e3 * seconds:.1f} | {nfe} | {mem:.1f} |")
+            lines.append(markdown_row([name, 1e3 * seconds, nfe, mem], ["", ".1f", "", ".1f"]))
 
     if "memory" in args.tables:
-        lines += [
-            "",
-            "Per-example solves, backward temporary memory vs forward steps (tol = 0):",
-            "",
-            "| forward steps | implicit temp memory (MiB) | unrolled temp memory (MiB) |",
-            "| ---: | ---: | ---: |",
-        ]
+        title = "Per-example solves, backward temporary memory vs forward steps (tol = 0):"
+        columns = ["forward steps", "implicit temp memory (MiB)", "unrolled temp memory (MiB)"]
+        lines += markdown_section(title, columns, "rrr")
     for steps in args.mem_steps if "memory" in args.tables else ():
         fixed = functools.partial(dq.solvers.anderson, max_steps=steps, tol=0.0)
         row = []
         for adjoint in (dq.ImplicitAdjoint(), dq.UnrolledAdjoint()):
             compiled = make_grad(params, x, fixed, adjoint).lower(params).compile()
             row.append(compiled.memory_analysis().temp_size_in_bytes / 2**20)
-        lines.append(f"| {steps} | {row[0]:.2f} | {row[1]:.2f} |")
+        lines.append(markdown_row([steps, *row], ["", ".2f", ".2f"]))
 
     if "comparison" in args.tables:
         lines += comparison_table(args)
     if "shine_k" in args.tables:
         lines += shine_refinement_table(args)
 
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(table + "\n")
-    return table
+    return emit(lines, args.out)
 
 
 if __name__ == "__main__":

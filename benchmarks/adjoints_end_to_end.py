@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks.common import markdown_header, markdown_row
 from deqjax import harness, training
 
 _COLUMNS = ("adjoint", "test acc", "test loss", "NFE", "rel residual", "train ex/s", "wall s")
@@ -87,11 +88,11 @@ def main(argv: list[str] | None = None) -> None:
         flags += [f"--epochs={args.epochs}", f"--seed={args.seed}", *extra]
         columns, run = _COLUMNS, run_one
     print(f"{args.task} {' '.join(flags)}")
-    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    print("\n".join(markdown_header(columns)))
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.adjoints:
             row = run(name, os.path.join(tmp, name), flags)
-            print("| " + " | ".join(row[c] for c in columns) + " |", flush=True)
+            print(markdown_row([row[c] for c in columns]), flush=True)
 
 
 if __name__ == "__main__":

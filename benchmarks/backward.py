@@ -1,4 +1,4 @@
-"""Backward solvers (issue 14): gradient error of each implicit-backward option, and its time.
+"""Backward solvers: gradient error of each implicit-backward option, and its time.
 
     python -m benchmarks.backward [--d 512] [--batch 128] [--repeats 3] [--out FILE]
 
@@ -6,7 +6,8 @@ Problems (f(z) = tanh(W z + U x + b), batch-native forward: Anderson with ``batc
 tol 1e-10 rel, so every option differentiates the same z*):
 
 * ``standard``: the shared layer of ``benchmarks.common.tanh_layer`` with ρ(W) = 1;
-* ``hard``: ρ(W) = 1.5 (issue 15's hard case), so ρ(J_f(z*)) is closer to 1;
+* ``hard``: ρ(W) = 1.5 (the hard case of ``benchmarks.solvers`` and ``benchmarks.peers``), so
+  ρ(J_f(z*)) is closer to 1;
 * ``flip``: W symmetric with eigenvalues uniform in [−1.02, 0.5] and a small input (U x scaled by
   0.1), so J_f(z*) has an eigenvalue near −1 (the d = 512 analogue of z = cos z + π/2);
 * ``near+1``: the same with eigenvalues in [−0.5, 1.02]: J_f(z*) has an eigenvalue just below +1,
@@ -30,12 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import deqjax as dq
-from benchmarks.common import machine, tanh_layer, time_fn
+from benchmarks.common import emit, machine, markdown_row, markdown_section, tanh_layer, time_fn
 
 jax.config.update("jax_enable_x64", True)
 
 BWD_TOL = 1e-8
 BWD_STEPS = 400
+COLUMNS = ("backward", "grad rel. error", "converged", "mean steps", "backward ms")
 
 
 def batch_cell(p, x, z):
@@ -125,15 +127,12 @@ def main(argv=None) -> str:
         )(z[:8], x[:8])
         ref = dense_gradient(params, x, z, c)
         t_fwd = time_fn(jax.jit(lambda p: forward(p)[0]), params, repeats=args.repeats)
-        lines += [
-            "",
+        title = (
             f"**{name}**: forward {int(jnp.sum(sol.status == 0))}/{args.batch} converged, "
             f"mean {float(jnp.mean(sol.num_steps)):.0f} steps; ρ(J_f(z*)) of 8 examples "
-            f"{float(jnp.min(rho)):.3f}–{float(jnp.max(rho)):.3f}; forward {1e3 * t_fwd:.0f} ms.",
-            "",
-            "| backward | grad rel. error | converged | mean steps | backward ms |",
-            "| --- | ---: | ---: | ---: | ---: |",
-        ]
+            f"{float(jnp.min(rho)):.3f}–{float(jnp.max(rho)):.3f}; forward {1e3 * t_fwd:.0f} ms."
+        )
+        lines += markdown_section(title, COLUMNS, "lrrrr")
         for label, adjoint in options().items():
 
             def loss(p, probe, adjoint=adjoint, x=x, z0=z0, c=c):
@@ -147,17 +146,11 @@ def main(argv=None) -> str:
             g, stats = grad(params, probe)
             t = time_fn(grad, params, probe, repeats=args.repeats)
             ok = int(stats.count - stats.failures)
-            lines.append(
-                f"| {label} | {rel_err(g, ref):.1e} | {ok}/{int(stats.count)} | "
-                f"{float(stats.num_steps / stats.count):.0f} | {1e3 * (t - t_fwd):.0f} |"
-            )
+            cells = [label, rel_err(g, ref), f"{ok}/{int(stats.count)}"]
+            cells += [float(stats.num_steps / stats.count), 1e3 * (t - t_fwd)]
+            lines.append(markdown_row(cells, ["", ".1e", "", ".0f", ".0f"]))
             print(lines[-1], flush=True)
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(table + "\n")
-    return table
+    return emit(lines, args.out)
 
 
 if __name__ == "__main__":

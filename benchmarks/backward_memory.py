@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 import deqjax as dq
-from benchmarks.common import tanh_layer
+from benchmarks.common import markdown_header, markdown_row, tanh_layer
 
 D, B = 512, 128
 STEPS = 50
@@ -53,10 +53,11 @@ def losses(x):
 
 def main() -> str:
     p, x = tanh_layer(D, B, radius=1.0)
-    lines = ["| forward + implicit backward | XLA temp memory (MiB) |", "| --- | ---: |"]
+    lines = markdown_header(["forward + implicit backward", "XLA temp memory (MiB)"], "lr")
     for name, fn in losses(x).items():
         compiled = jax.jit(jax.grad(fn)).lower(p).compile()
-        lines.append(f"| {name} | {compiled.memory_analysis().temp_size_in_bytes / 2**20:.1f} |")
+        mib = compiled.memory_analysis().temp_size_in_bytes / 2**20
+        lines.append(markdown_row([name, mib], ["", ".1f"]))
         print(lines[-1], flush=True)
     return "\n".join(lines)
 

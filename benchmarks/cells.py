@@ -1,4 +1,4 @@
-"""DEQ cells vs the same cell unrolled as a weight-tied deep network (issue 6).
+"""DEQ cells vs the same cell unrolled as a weight-tied deep network.
 
 For every cell in ``CELLS`` (a dict of factories: adding a cell is one entry), at a realistic
 small size on CPU, float32:
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import deqjax as dq
-from benchmarks.common import machine, time_fn
+from benchmarks.common import emit, machine, markdown_table, time_fn
 from deqjax import initializers, nn
 
 
@@ -98,6 +98,14 @@ CELLS: dict[str, CellSpec] = {
 }
 
 
+FORMATS = {
+    "DEQ step (ms)": ".1f",
+    "unrolled step (ms)": ".1f",
+    "DEQ temp MiB": ".2f",
+    "unrolled temp MiB": ".2f",
+}
+
+
 def _loss(z) -> jax.Array:
     leaves = jax.tree_util.tree_leaves(z)
     return sum(jnp.mean(jnp.square(a)) for a in leaves) / len(leaves)
@@ -154,22 +162,24 @@ def run(names: list[str], repeats: int) -> str:
         deq = _measure(_deq_step(spec), x, repeats)
         depth = max(1, math.ceil(deq["nfe_mean"]))
         unrolled = _measure(_unrolled_step(spec, depth), x, repeats)
-        rows.append((name, spec.description, deq, unrolled, depth))
+        rows.append(
+            {
+                "cell": name,
+                "size": spec.description,
+                "DEQ NFE mean / max": f"{deq['nfe_mean']:.1f} / {deq['nfe_max']}",
+                "DEQ step (ms)": 1e3 * deq["seconds"],
+                "unrolled depth": depth,
+                "unrolled step (ms)": 1e3 * unrolled["seconds"],
+                "DEQ temp MiB": deq["temp"] / 2**20,
+                "unrolled temp MiB": unrolled["temp"] / 2**20,
+            }
+        )
     lines = [
         f"Machine: {machine()}. float32, step = forward + backward of mean(z*²), median of "
         f"{repeats} runs. Memory = XLA temp buffer bytes of the compiled step (proxy for peak).",
         "",
-        "| cell | size | DEQ NFE mean / max | DEQ step (ms) | unrolled depth | unrolled step (ms) "
-        "| DEQ temp MiB | unrolled temp MiB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, desc, deq, unr, depth in rows:
-        lines.append(
-            f"| {name} | {desc} | {deq['nfe_mean']:.1f} / {deq['nfe_max']} | "
-            f"{1e3 * deq['seconds']:.1f} | {depth} | {1e3 * unr['seconds']:.1f} | "
-            f"{deq['temp'] / 2**20:.2f} | {unr['temp'] / 2**20:.2f} |"
-        )
-    return "\n".join(lines)
+    return "\n".join(lines + markdown_table(rows, list(rows[0]), FORMATS, "l"))
 
 
 def main() -> None:
@@ -178,11 +188,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="also write the table to this file")
     args = parser.parse_args()
-    table = run(args.cells, args.repeats)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(table + "\n")
+    emit([run(args.cells, args.repeats)], args.out)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
-"""Helpers shared by the benchmark scripts: timing and a random tanh DEQ layer."""
+"""Helpers shared by the benchmark scripts: timing, a random tanh DEQ layer, Markdown tables."""
 
 from __future__ import annotations
 
 import platform
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,3 +49,74 @@ def machine() -> str:
         f"jax {jax.__version__}, {dev.platform} ({dev.device_kind}), "
         f"{len(jax.devices())} device(s), python {platform.python_version()}"
     )
+
+
+Format = str | Callable[[Any], str]  # a format spec such as ".1f", or value -> text
+
+
+def _cell(value: Any, fmt: Format) -> str:
+    return fmt(value) if callable(fmt) else format(value, fmt)
+
+
+def markdown_row(cells: Sequence[Any], formats: Sequence[Format] | None = None) -> str:
+    """One Markdown table line ``| a | b |``, each cell ``format(cell, spec)`` or ``spec(cell)``.
+
+    Args:
+      cells: the values of the line, in column order.
+      formats: one format spec (``".1f"``; ``""``: as an f-string prints it) or callable per cell.
+    """
+    formats = formats if formats is not None else [""] * len(cells)
+    return "| " + " | ".join(_cell(v, f) for v, f in zip(cells, formats, strict=True)) + " |"
+
+
+def markdown_header(columns: Sequence[str], align: str | None = None) -> list[str]:
+    """The header line and the rule line of a Markdown table.
+
+    Args:
+      columns: the column titles.
+      align: one letter per column, ``"l"`` (rule ``---``) or ``"r"`` (``---:``), or one letter
+        for every column; ``None``: the compact rule ``|---|---|``.
+    """
+    if align is None:
+        rule = "|" + "---|" * len(columns)
+    else:
+        align = align * len(columns) if len(align) == 1 else align
+        if len(align) != len(columns) or set(align) - set("lr"):
+            raise ValueError(f"align {align!r}: one of 'l', 'r' per column ({len(columns)})")
+        rule = markdown_row(["---:" if a == "r" else "---" for a in align])
+    return [markdown_row(columns), rule]
+
+
+def markdown_section(title: str, columns: Sequence[str], align: str | None = None) -> list[str]:
+    """A blank line, ``title``, a blank line, then the header and rule of a table under it."""
+    return ["", title, "", *markdown_header(columns, align)]
+
+
+def markdown_table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    formats: Mapping[str, Format] | None = None,
+    align: str | None = None,
+) -> list[str]:
+    """The lines of a Markdown table: header, rule, then ``row[column]`` of every row.
+
+    Args:
+      rows: one mapping per line, column title -> value.
+      columns: the column titles, in order.
+      formats: column title -> format spec or callable; a column not named prints as an f-string.
+      align: see :func:`markdown_header`.
+    """
+    formats = formats or {}
+    specs = [formats.get(c, "") for c in columns]
+    body = [markdown_row([r[c] for c in columns], specs) for r in rows]
+    return markdown_header(columns, align) + body
+
+
+def emit(lines: Sequence[str], out: str | None = None) -> str:
+    """Prints the lines as one text and, when ``out`` is given, writes it there too."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        with open(out, "w") as fh:
+            fh.write(text + "\n")
+    return text

@@ -1,4 +1,4 @@
-"""Train-step throughput and a peak-memory proxy of the LM: DEQ vs explicit transformers (issue 8).
+"""Train-step throughput and a peak-memory proxy of the LM: DEQ vs explicit transformers.
 
 The models of ``experiments/language_model.py`` (``dq.models.SequenceModel``; the train step is
 ``dq.training.train_step`` over ``dq.models.lm_loss``, memory carried) at one width (defaults:
@@ -123,13 +123,21 @@ def _mb(value: int | None) -> str:
     return "n/a" if value is None else f"{value / 2**20:.2f}"
 
 
+FORMATS = {
+    "params": ",",
+    "forward NFE": ".0f",
+    "step (ms, median)": ".1f",
+    "tokens/s": ",.0f",
+    "temp MiB (proxy)": _mb,
+    "argument MiB": _mb,
+    "carried memory KiB": ".0f",
+    "compile (s)": ".1f",
+}
+
+
 def table(rows: list[dict]) -> list[str]:
-    lines = [
-        "| T | L | model | params | forward NFE | step (ms, median) | tokens/s | "
-        "temp MiB (proxy) | temp vs DEQ | argument MiB | carried memory KiB | compile (s) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
     deqs = {(r["seq_len"], r["depth"]): r for r in rows if r["model"] == "deq"}
+    cells = []
     for r in rows:
         deq = deqs.get((r["seq_len"], r["depth"]))
         ratio = (
@@ -137,13 +145,23 @@ def table(rows: list[dict]) -> list[str]:
             if deq and r["temp_bytes"] and deq["temp_bytes"]
             else "n/a"
         )
-        lines.append(
-            f"| {r['seq_len']} | {r['depth']} | {r['model']} | {r['params']:,} | {r['nfe']:.0f} | "
-            f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {_mb(r['temp_bytes'])} | {ratio} | "
-            f"{_mb(r['argument_bytes'])} | {r['carried_memory_bytes'] / 1024:.0f} | "
-            f"{r['compile_s']:.1f} |"
+        cells.append(
+            {
+                "T": r["seq_len"],
+                "L": r["depth"],
+                "model": r["model"],
+                "params": r["params"],
+                "forward NFE": r["nfe"],
+                "step (ms, median)": r["step_ms"],
+                "tokens/s": r["tokens_per_s"],
+                "temp MiB (proxy)": r["temp_bytes"],
+                "temp vs DEQ": ratio,
+                "argument MiB": r["argument_bytes"],
+                "carried memory KiB": r["carried_memory_bytes"] / 1024,
+                "compile (s)": r["compile_s"],
+            }
         )
-    return lines
+    return common.markdown_table(cells, list(cells[0]), FORMATS, "l")
 
 
 def main(argv=None) -> None:

@@ -1,5 +1,5 @@
-"""MDEQ classifier throughput (issue 8, Benchmark): train images/s with JR off / on, inference
-images/s at a few budgets, and a peak-memory proxy.
+"""MDEQ classifier throughput: train images/s with JR off / on, inference images/s at a few
+budgets, and a peak-memory proxy.
 
 The model is ``dq.models.MDEQClassifier`` at ``experiments/cifar10_mdeq.py``'s default flags
 (``MultiscaleCell`` channels (8, 16) on a stride-2 stem, expansion 2, Anderson ``max_steps = 6``
@@ -40,7 +40,7 @@ import numpy as np
 import optax
 
 import deqjax as dq
-from benchmarks.common import machine
+from benchmarks.common import machine, markdown_table
 from deqjax import data, training
 
 # experiments/cifar10_mdeq.py's defaults
@@ -147,6 +147,17 @@ def time_cases(cases: list[Case], repeats: int) -> list[dict]:
     return rows
 
 
+COLUMNS = (
+    "what",
+    "batch",
+    "NFE (mean)",
+    "ms / call (median / min)",
+    "images/s",
+    "temp MiB (proxy)",
+    "compile s",
+)
+
+
 def markdown(rows: list[dict], source: str, repeats: int) -> str:
     mib = lambda b: "n/a" if b is None else f"{b / 2**20:.1f}"  # noqa: E731
     lines = [
@@ -157,16 +168,21 @@ def markdown(rows: list[dict], source: str, repeats: int) -> str:
         f"parameters; median of {repeats} interleaved rounds after compile. Memory = XLA temp "
         "bytes of the compiled function (proxy for peak, not a measured peak).",
         "",
-        "| what | batch | NFE (mean) | ms / call (median / min) | images/s | temp MiB (proxy) "
-        "| compile s |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['what']} | {r['batch']} | {r['nfe']:.2f} | {r['step_ms']:.1f} / "
-            f"{r['step_ms_min']:.1f} | "
-            f"{r['images_per_s']:.0f} | {mib(r['temp_bytes'])} | {r['compile_s']:.1f} |"
-        )
+    cells = [
+        {
+            "what": r["what"],
+            "batch": r["batch"],
+            "NFE (mean)": r["nfe"],
+            "ms / call (median / min)": f"{r['step_ms']:.1f} / {r['step_ms_min']:.1f}",
+            "images/s": r["images_per_s"],
+            "temp MiB (proxy)": r["temp_bytes"],
+            "compile s": r["compile_s"],
+        }
+        for r in rows
+    ]
+    formats = {"NFE (mean)": ".2f", "images/s": ".0f", "temp MiB (proxy)": mib, "compile s": ".1f"}
+    lines += markdown_table(cells, COLUMNS, formats, "l")
     lines += ["", "GPU: not run (no device lent to this task)."]
     return "\n".join(lines)
 

@@ -1,4 +1,4 @@
-"""deqjax side by side with jaxopt and TorchDEQ, and deqjax's three batching modes (issue 15).
+"""deqjax side by side with jaxopt and TorchDEQ, and deqjax's three batching modes.
 
     python -m benchmarks.peers [--radius 1.0 1.5] [--repeats 5] [--rows deqjax jaxopt torchdeq]
     python -m benchmarks.peers --smoke        # tiny sizes, every row once (checks the script)
@@ -49,12 +49,22 @@ import jax.numpy as jnp
 import numpy as np
 
 import deqjax as dq
-from benchmarks.common import machine, tanh_layer, time_fn
+from benchmarks.common import machine, markdown_table, tanh_layer, time_fn
 
 SOLVERS = ("anderson", "broyden", "fixed_point")
 _TORCH_DEFAULT_THREADS = None  # torch's own thread count, read before the first change
 # The float64 recheck of a float32 solver's residual: 1 % slack for rounding.
 _SLACK = 1.01
+COLUMNS = (
+    "row",
+    "fwd+bwd (ms)",
+    "fwd (ms)",
+    "fwd steps mean / max",
+    "solver: converged",
+    "examples ≤ tol",
+    "max rel. residual",
+    "XLA temp (MiB)",
+)
 
 
 def batch_cell(p, x, z):
@@ -275,20 +285,21 @@ def run_table(args, radius: float) -> list[tuple[str, dict]]:
 
 
 def markdown(rows: list[tuple[str, dict]], batch: int) -> list[str]:
-    lines = [
-        "| row | fwd+bwd (ms) | fwd (ms) | fwd steps mean / max | solver: converged | "
-        "examples ≤ tol | max rel. residual | XLA temp (MiB) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    cells = [
+        {
+            "row": name,
+            "fwd+bwd (ms)": r["fwd_bwd_ms"],
+            "fwd (ms)": r["fwd_ms"],
+            "fwd steps mean / max": f"{r['steps_mean']:.1f} / {r['steps_max']}",
+            "solver: converged": f"{r['solver_converged']}/{batch}",
+            "examples ≤ tol": f"{r['below_tol']}/{batch}",
+            "max rel. residual": r["max_rel_residual"],
+            "XLA temp (MiB)": "–" if np.isnan(r["temp_mib"]) else f"{r['temp_mib']:.1f}",
+        }
+        for name, r in rows
     ]
-    for name, r in rows:
-        temp = "–" if np.isnan(r["temp_mib"]) else f"{r['temp_mib']:.1f}"
-        lines.append(
-            f"| {name} | {r['fwd_bwd_ms']:.1f} | {r['fwd_ms']:.1f} | "
-            f"{r['steps_mean']:.1f} / {r['steps_max']} | {r['solver_converged']}/{batch} | "
-            f"{r['below_tol']}/{batch} | "
-            f"{r['max_rel_residual']:.1e} | {temp} |"
-        )
-    return lines
+    formats = {"fwd+bwd (ms)": ".1f", "fwd (ms)": ".1f", "max rel. residual": ".1e"}
+    return markdown_table(cells, COLUMNS, formats, "l")
 
 
 def main(argv=None) -> None:

@@ -1,4 +1,4 @@
-"""Reversible solver and its reversal adjoint (issue 18): time, memory, reversal and gradient error.
+"""Reversible solver and its reversal adjoint: time, memory, reversal and gradient error.
 
     python -m benchmarks.reversible [--d 512] [--batch 128] [--err_batch 32] [--repeats 3]
                                     [--tables time memory reversal gradient] [--out FILE]
@@ -32,12 +32,37 @@ import numpy as np
 
 import deqjax as dq
 from benchmarks.backward import batch_cell, dense_gradient, rel_err
-from benchmarks.common import machine, tanh_layer, time_fn
+from benchmarks.common import emit, machine, markdown_header, markdown_row, tanh_layer, time_fn
 
 jax.config.update("jax_enable_x64", True)
 
 RADIUS = 0.9
 BETA = 0.8
+MEMORY_COLUMNS = (
+    "steps",
+    "ReversibleAdjoint (MiB)",
+    "ReversibleAdjoint(checkpoint_every=8) (MiB)",
+    "UnrolledAdjoint, same solver (MiB)",
+)
+REVERSAL_COLUMNS = (
+    "β",
+    "tol (rel)",
+    "NFE (mean)",
+    "float32 max",
+    "float32 median",
+    "float64 max",
+    "float64 median",
+)
+GRADIENT_COLUMNS = (
+    "tol (rel)",
+    "NFE (mean)",
+    "float32 vs implicit",
+    "float64 vs implicit",
+    "float32 vs unrolled f64",
+    "float64 vs unrolled f64",
+    "float32, checkpoint_every=8, vs unrolled f64",
+    "float32 UnrolledAdjoint vs unrolled f64",
+)
 
 
 def reversible(**kw):
@@ -81,8 +106,9 @@ def time_table(args, lines):
         f"Forward+backward, float32, d={args.d}, batch={args.batch}, tol 1e-4 rel, max 50 "
         f"evaluations, batch-native; median of {args.repeats}.",
         "",
-        "| forward + adjoint | NFE (mean) | forward ms | forward+backward ms |",
-        "| --- | --- | --- | --- |",
+        *markdown_header(
+            ["forward + adjoint", "NFE (mean)", "forward ms", "forward+backward ms"], "l"
+        ),
     ]
     for name, (solver, adjoint) in rows.items():
         loss = make_loss(x, c, solver, adjoint)
@@ -91,7 +117,9 @@ def time_table(args, lines):
         steps = np.asarray(fwd(params)[1])
         t_fwd = time_fn(fwd, params, repeats=args.repeats)
         t_all = time_fn(grad, params, repeats=args.repeats)
-        lines.append(f"| {name} | {steps.mean():.1f} | {1e3 * t_fwd:.1f} | {1e3 * t_all:.1f} |")
+        lines.append(
+            markdown_row([name, steps.mean(), 1e3 * t_fwd, 1e3 * t_all], ["", *[".1f"] * 3])
+        )
         print(lines[-1], flush=True)
     lines.append("")
 
@@ -104,9 +132,7 @@ def memory_table(args, lines):
         f"XLA temporary memory of jit(grad(loss)), float32, d={args.d}, batch={args.batch} "
         f"(one state = {state_kib:.0f} KiB), tol = 0 so every step runs.",
         "",
-        "| steps | ReversibleAdjoint (MiB) | ReversibleAdjoint(checkpoint_every=8) (MiB) | "
-        "UnrolledAdjoint, same solver (MiB) |",
-        "| --- | --- | --- | --- |",
+        *markdown_header(MEMORY_COLUMNS, "l"),
     ]
     for steps in args.mem_steps:
         row = []
@@ -119,7 +145,7 @@ def memory_table(args, lines):
             loss = make_loss(x, c, solver, adjoint)
             compiled = jax.jit(jax.grad(loss, has_aux=True)).lower(params).compile()
             row.append(compiled.memory_analysis().temp_size_in_bytes / 2**20)
-        lines.append(f"| {steps} | {row[0]:.2f} | {row[1]:.2f} | {row[2]:.2f} |")
+        lines.append(markdown_row([steps, *row], ["", ".2f", ".2f", ".2f"]))
         print(lines[-1], flush=True)
     lines.append("")
 
@@ -130,9 +156,7 @@ def reversal_table(args, lines):
         f"Reversal error: rebuild (y0, z0) = (0, 0) from the returned pair, ‖error‖ / ‖z*‖ per "
         f"example (max / median over {args.err_batch}), d={args.d}, max 400 evaluations.",
         "",
-        "| β | tol (rel) | NFE (mean) | float32 max | float32 median | float64 max | "
-        "float64 median |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        *markdown_header(REVERSAL_COLUMNS, "l"),
     ]
     for beta in args.betas:
         for tol in args.tols:
@@ -150,9 +174,7 @@ def reversal_table(args, lines):
                 err, steps = (np.asarray(a) for a in run(p, x))
                 nfe = steps.mean() if nfe is None else nfe
                 row += [np.max(err), np.median(err)]
-            lines.append(
-                f"| {beta} | {tol:g} | {nfe:.1f} | " + " | ".join(f"{v:.1e}" for v in row) + " |"
-            )
+            lines.append(markdown_row([beta, tol, nfe, *row], ["", "g", ".1f", *[".1e"] * 4]))
             print(lines[-1], flush=True)
     lines.append("")
 
@@ -173,10 +195,7 @@ def gradient_table(args, lines):
         "dense implicit gradient (exact DEQ gradient), and vs float64 backprop through the same "
         f"iteration (UnrolledAdjoint). d={args.d}, batch={args.err_batch}, β={BETA}.",
         "",
-        "| tol (rel) | NFE (mean) | float32 vs implicit | float64 vs implicit | "
-        "float32 vs unrolled f64 | float64 vs unrolled f64 | float32, checkpoint_every=8, "
-        "vs unrolled f64 | float32 UnrolledAdjoint vs unrolled f64 |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        *markdown_header(GRADIENT_COLUMNS, "l"),
     ]
     settings = [(tol, 400) for tol in args.tols] + [(0.0, n) for n in args.fixed_steps]
     for tol, max_steps in settings:
@@ -201,11 +220,9 @@ def gradient_table(args, lines):
         for adjoint in (dq.ReversibleAdjoint(checkpoint_every=8), dq.UnrolledAdjoint()):
             g, _ = jax.jit(jax.grad(make_loss(x32, c32, solver, adjoint), has_aux=True))(p32)
             extra.append(rel_err(cast(g, jnp.float64), g_unrolled))
-        lines.append(
-            f"| {label} | {np.asarray(steps).mean():.1f} | {errs[jnp.float32][0]:.1e} | "
-            f"{errs[jnp.float64][0]:.1e} | {errs[jnp.float32][1]:.1e} | "
-            f"{errs[jnp.float64][1]:.1e} | {extra[0]:.1e} | {extra[1]:.1e} |"
-        )
+        cells = [label, np.asarray(steps).mean(), errs[jnp.float32][0], errs[jnp.float64][0]]
+        cells += [errs[jnp.float32][1], errs[jnp.float64][1], *extra]
+        lines.append(markdown_row(cells, ["", ".1f", *[".1e"] * 6]))
         print(lines[-1], flush=True)
     lines.append("")
 
@@ -238,12 +255,7 @@ def main(argv=None) -> str:
     }
     for name in args.tables:
         tables[name](args, lines)
-    text = "\n".join(lines)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
-    print(text)
-    return text
+    return emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""Forward-solver benchmark on a batched tanh DEQ layer (issues 2 and 15).
+"""Forward-solver benchmark on a batched tanh DEQ layer.
 
 Problem: ``f(z) = tanh(W z + U x + b)`` with ``z, x`` in ``R^d``, ``W`` a Gaussian matrix rescaled
 to a given spectral radius, a batch of inputs, float32, solved to a relative residual of ``1e-4``
 (``stop_mode="rel"``) with per-example stopping, in two ways (``--modes``):
 
-* ``native``: one batch-native solve, ``solver(f, z0, batch_ndim=1)`` (issue 15);
+* ``native``: one batch-native solve (``batch_ndim=1``);
 * ``vmap``: ``jax.vmap`` of the single-example solve.
 
 Reported per (d, spectral radius, batch, solver, mode):
@@ -51,6 +51,9 @@ from benchmarks import common
 from deqjax import solvers
 
 DTYPE = jnp.float32
+COLUMNS = ("d", "radius", "batch", "solver", "mode", "NFE mean", "NFE max", "conv", "time (ms)")
+COLUMNS += ("f time (ms)", "overhead", "fusions", "ops")
+ROW_FORMATS = ("", "g", "", "", "", ".1f", "", ".2f", ".2f", ".3f", ".2f", "", "")
 
 
 def make_problem(d: int, radius: float, batch: int, seed: int):  # noqa: D103
@@ -170,10 +173,7 @@ def main() -> None:
         for k, v in solver_table(args.memory).items()
         if any(k == name or k.split("(")[0] == name for name in args.solvers)
     }
-    header = (
-        "| d | radius | batch | solver | mode | NFE mean | NFE max | conv | time (ms) "
-        "| f time (ms) | overhead | fusions | ops |\n" + "|---" * 13 + "|"
-    )
+    header = "\n".join(common.markdown_header(COLUMNS))
     rows = []
     print(header, flush=True)
     for d in args.dims:
@@ -192,11 +192,9 @@ def main() -> None:
                         nfe = np.asarray(sol.num_steps)
                         conv = float(np.mean(np.asarray(sol.status) == solvers.CONVERGED))
                         overhead = statistics.median(ratios) / nfe.max()
-                        row = (
-                            f"| {d} | {radius:g} | {batch} | {name} | {mode} | {nfe.mean():.1f} "
-                            f"| {nfe.max()} | {conv:.2f} | {1e3 * t:.2f} | {1e3 * t_f:.3f} "
-                            f"| {overhead:.2f} | {fusions} | {ops} |"
-                        )
+                        cells = [d, radius, batch, name, mode, nfe.mean(), nfe.max(), conv]
+                        cells += [1e3 * t, 1e3 * t_f, overhead, fusions, ops]
+                        row = common.markdown_row(cells, ROW_FORMATS)
                         rows.append(row)
                         print(row, flush=True)
     meta = (

@@ -37,6 +37,51 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEQ_MODES = {"native": True, "vmap": True, "whole_batch": False}
 
 
+def throughput_table(rows: list[dict]) -> list[str]:
+    """The Markdown table of :func:`measure_throughput`'s results."""
+    from benchmarks.common import markdown_table
+
+    cells = [
+        {
+            "DEQ mode": r["deq_mode"],
+            "devices": r["devices"],
+            "step (ms, median)": r["step_ms_median"],
+            "step (ms, min)": r["step_ms_min"],
+            "examples/s": r["examples_per_s"],
+            "forward NFE": r["nfe_mean"],
+            "first step incl. compile (s)": r["first_step_s_incl_compile"],
+        }
+        for r in rows
+    ]
+    formats = {"step (ms, median)": ".1f", "step (ms, min)": ".1f", "examples/s": ".0f"}
+    formats |= {"forward NFE": ".1f", "first step incl. compile (s)": ".1f"}
+    return markdown_table(cells, list(cells[0]), formats, "l")
+
+
+def jr_table(rows: list[dict]) -> list[str]:
+    """The Markdown table of :func:`jr_comparison`'s results."""
+    from benchmarks.common import markdown_table
+
+    cells = [
+        {
+            "variant": r["variant"],
+            "test acc": r["test_accuracy"],
+            "test NFE": r["test_nfe"],
+            "test rel res": r["test_rel_residual"],
+            "train NFE mean / last": f"{r['train_nfe_mean']:.2f} / {r['train_nfe_last']:.2f}",
+            "γ last": r["gamma_last"],
+            "bwd rel res": r["bwd_rel_residual_last"],
+            "ρ(J)": r["spectral_radius_last"],
+            "‖J‖_F": r["jac_frobenius_last"],
+            "wall (s)": r["wall_s"],
+        }
+        for r in rows
+    ]
+    formats = {"test acc": ".4f", "test NFE": ".2f", "test rel res": ".1e", "γ last": ".3g"}
+    formats |= {"bwd rel res": ".1e", "ρ(J)": ".3f", "‖J‖_F": ".2f", "wall (s)": ".0f"}
+    return markdown_table(cells, list(cells[0]), formats, "l")
+
+
 def measure_throughput(
     repeats: int, batch_size: int, jr: bool, dataset: str, deq_mode: str = "native"
 ) -> dict:
@@ -215,35 +260,16 @@ def main(argv=None) -> None:
             f"{rows[0]['platform']}; global batch {args.batch_size}, "
             f"JR {'on' if args.jr else 'off'}; median of {args.repeats} steps after compile).",
             "",
-            "| DEQ mode | devices | step (ms, median) | step (ms, min) | examples/s | "
-            "forward NFE | first step incl. compile (s) |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            *throughput_table(rows),
+            "",
         ]
-        for r in rows:
-            lines.append(
-                f"| {r['deq_mode']} | {r['devices']} | {r['step_ms_median']:.1f} | "
-                f"{r['step_ms_min']:.1f} | "
-                f"{r['examples_per_s']:.0f} | {r['nfe_mean']:.1f} | "
-                f"{r['first_step_s_incl_compile']:.1f} |"
-            )
-        lines.append("")
     if not args.skip_jr:
         rows = jr_comparison(args)
         lines += [
             f"Short runs of the main job ({args.epochs} epoch(s), default flags otherwise):",
             "",
-            "| variant | test acc | test NFE | test rel res | train NFE mean / last | γ last | "
-            "bwd rel res | ρ(J) | ‖J‖_F | wall (s) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            *jr_table(rows),
         ]
-        for r in rows:
-            lines.append(
-                f"| {r['variant']} | {r['test_accuracy']:.4f} | {r['test_nfe']:.2f} | "
-                f"{r['test_rel_residual']:.1e} | {r['train_nfe_mean']:.2f} / "
-                f"{r['train_nfe_last']:.2f} | {r['gamma_last']:.3g} | "
-                f"{r['bwd_rel_residual_last']:.1e} | {r['spectral_radius_last']:.3f} | "
-                f"{r['jac_frobenius_last']:.2f} | {r['wall_s']:.0f} |"
-            )
     print("\n".join(lines))
 
 
