@@ -37,7 +37,7 @@ from deqjax._src.fixed_point_correction import (
     uniform_sample_steps,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Submodules that need Haiku, optax, orbax or matplotlib: imported on first attribute access.
 _LAZY_SUBMODULES = ("data", "harness", "models", "nn", "training")

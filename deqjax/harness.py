@@ -22,9 +22,10 @@ or data, 3 non-finite stop or checkpoint failure, 143 SIGTERM).
 ...                                 run=train, smoke={"width": 8})
 >>> harness.run(EXPERIMENT)  # python mine.py --width 64 --max_steps 12 --resume
 
-Plots (:func:`plot_metrics`, :func:`line_plot`, :func:`plot_panels`, :func:`plot_sweep`) import
-matplotlib when drawn; :func:`short_runs` trains a sweep of short runs through one compiled step,
-:func:`summarize_runs`, :func:`write_csv` and :func:`markdown_table` report it.
+Plots (:func:`plot_metrics`, :func:`line_plot`, :func:`plot_panels`, :func:`plot_sweep`, and the
+JR paper's Fig. 5 :func:`plot_jr_fig5`) import matplotlib when drawn; :func:`short_runs` trains a
+sweep of short runs through one compiled step, :func:`summarize_runs`, :func:`write_csv` and
+:func:`markdown_table` report it.
 """
 
 from deqjax._src.harness.classifier_config import (
@@ -70,6 +71,7 @@ from deqjax._src.harness.run_dir import (
     write_json,
 )
 from deqjax._src.harness.runner import UsageError, run
+from deqjax._src.harness.scalar_deq_figure import plot_jr_fig5
 from deqjax._src.harness.sequence_config import SequenceModelConfig
 from deqjax._src.harness.solver_config import GRADIENTS, SolverConfig, solver_and_adjoint
 from deqjax._src.harness.stacked_runs import StackedRuns
@@ -123,6 +125,7 @@ __all__ = [
     "markdown_table",
     "median_rows",
     "parse_config",
+    "plot_jr_fig5",
     "plot_metrics",
     "plot_panels",
     "plot_sweep",

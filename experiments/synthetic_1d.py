@@ -151,7 +151,7 @@ def evaluate(c: Config, s: Settings, runs: harness.StackedRuns, seed: int, param
 
 def plot(c: Config, s: Settings, runs: harness.StackedRuns, params, history: dict, ctx) -> None:
     """Fig. 5 per run, and the monitoring NFE, slope (moving averages) and γ per training step."""
-    models.plot_jr_fig5(MODEL, runs.unstack(params), ctx.path("fig5.png"), solver=s.tight)
+    harness.plot_jr_fig5(MODEL, runs.unstack(params), ctx.path("fig5.png"), solver=s.tight)
     nfe, slope = "fixed-point NFE to 1e-3\n(moving avg)", "mean |∂f/∂z| at z*"
     panels = {nfe: runs.curves(history["monitor_nfe"]), slope: runs.curves(history["slope"])}
     harness.plot_panels(

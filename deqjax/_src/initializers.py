@@ -30,30 +30,38 @@ def _next_rng_key() -> jax.Array:
 
 
 class _EnsembleInitializer:
-    """Shared constructor: an eagerly validated ``scale``."""
+    """Shared constructor (an eagerly validated ``scale``) and call: ``sampler(key, shape,
+    scale=scale, dtype=dtype)`` with Haiku's next key; a subclass names its ``sampler``."""
+
+    sampler: Any = None
 
     def __init__(self, scale: float = 1.0):
+        """Builds the initializer; Haiku is needed only when it is called.
+
+        Args:
+          scale: ``E[(1/n) tr(W W^T)] = scale**2``; a finite number ``>= 0``.
+
+        Raises:
+          ValueError: for an invalid or traced ``scale``. At call time, the sampler's own errors:
+            a shape with fewer than 2 dimensions, or (GOE, antisymmetric, Haar-normal) one that is
+            not square after the ``[prod(shape[:-1]), shape[-1]]`` reshape.
+        """
         random_matrices.check_scale(scale)
         if isinstance(scale, jax.core.Tracer):
             raise ValueError("scale must be a concrete number, not a traced value.")
         self.scale = float(scale)
+
+    def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
+        return type(self).sampler(_next_rng_key(), shape, scale=self.scale, dtype=dtype)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(scale={self.scale})"
 
 
 class Gaussian(_EnsembleInitializer):
-    """I.i.d. ``N(0, scale**2 / fan_in)``: spectrum fills the disc of radius ``scale``.
+    """I.i.d. ``N(0, scale**2 / fan_in)``: spectrum fills the disc of radius ``scale``."""
 
-    Args:
-      scale: ``E[(1/n) tr(W W^T)] = scale**2``; finite and ``>= 0``.
-
-    Raises:
-      ValueError: for an invalid ``scale``, or (at call time) a shape with fewer than 2 dimensions.
-    """
-
-    def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
-        return random_matrices.gaussian(_next_rng_key(), shape, scale=self.scale, dtype=dtype)
+    sampler = staticmethod(random_matrices.gaussian)
 
 
 class HaarOrthogonal(_EnsembleInitializer):
@@ -61,45 +69,25 @@ class HaarOrthogonal(_EnsembleInitializer):
 
     Square weights have every eigenvalue on ``|lambda| = scale``. Non-square: see
     :func:`deqjax.initializers.haar_orthogonal`.
-
-    Args:
-      scale: ``(1/n) tr(W W^T) = scale**2`` (exactly, every draw); finite and ``>= 0``.
     """
 
-    def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
-        return random_matrices.haar_orthogonal(
-            _next_rng_key(), shape, scale=self.scale, dtype=dtype
-        )
+    sampler = staticmethod(random_matrices.haar_orthogonal)
 
 
 class GOE(_EnsembleInitializer):
     """Gaussian orthogonal ensemble: symmetric, off-diagonal variance ``scale**2/n``, diagonal
     ``2 scale**2/n``; semicircle spectrum on ``[-2 scale, 2 scale]``.
-
-    Args:
-      scale: finite and ``>= 0``.
-
-    Raises:
-      ValueError: for an invalid ``scale``; at call time, for a non-square (reshaped) shape.
     """
 
-    def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
-        return random_matrices.goe(_next_rng_key(), shape, scale=self.scale, dtype=dtype)
+    sampler = staticmethod(random_matrices.goe)
 
 
 class Antisymmetric(_EnsembleInitializer):
     """Gaussian antisymmetric matrix (``W^T = -W``, off-diagonal variance ``scale**2/n``); purely
     imaginary eigenvalues, semicircular on ``i [-2 scale, 2 scale]`` (init paper §5.3).
-
-    Args:
-      scale: finite and ``>= 0``.
-
-    Raises:
-      ValueError: for an invalid ``scale``; at call time, for a non-square (reshaped) shape.
     """
 
-    def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
-        return random_matrices.antisymmetric(_next_rng_key(), shape, scale=self.scale, dtype=dtype)
+    sampler = staticmethod(random_matrices.antisymmetric)
 
 
 class HaarNormal(_EnsembleInitializer):

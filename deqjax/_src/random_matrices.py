@@ -94,6 +94,22 @@ def _resolve_dtype(dtype) -> tuple[jnp.dtype, jnp.dtype]:
     return out, jnp.dtype(compute)
 
 
+def _sampler_arguments(
+    scale, shape, dtype, square: str | None = None
+) -> tuple[jax.Array, tuple[int, ...], jnp.dtype]:
+    """Checks a sampler's arguments once: (scale as a compute-dtype array, shape, output dtype).
+
+    ``square`` names the ensemble when it needs a square matrix after the fan-in reshape.
+    """
+    check_scale(scale)
+    if square is None:
+        matrix_dims(shape)
+    else:
+        _square_dim(shape, square)
+    out, compute = _resolve_dtype(dtype)
+    return jnp.asarray(scale, compute), tuple(int(s) for s in shape), out
+
+
 def gaussian(key: jax.Array, shape: Sequence[int], *, scale: float = 1.0, dtype=None) -> jax.Array:
     """I.i.d. ``N(0, scale**2 / fan_in)`` entries (the init paper's "random" ensemble).
 
@@ -109,10 +125,7 @@ def gaussian(key: jax.Array, shape: Sequence[int], *, scale: float = 1.0, dtype=
     Example:
       >>> w = gaussian(jax.random.key(0), (256, 256), scale=0.9)
     """
-    check_scale(scale)
-    matrix_dims(shape)
-    out, compute = _resolve_dtype(dtype)
-    return _gaussian(key, jnp.asarray(scale, compute), tuple(int(s) for s in shape), out)
+    return _gaussian(key, *_sampler_arguments(scale, shape, dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "out"))
@@ -153,10 +166,7 @@ def haar_orthogonal(
     Returns:
       An array of ``shape``; square ones have all eigenvalues on the circle ``|lambda| = scale``.
     """
-    check_scale(scale)
-    matrix_dims(shape)
-    out, compute = _resolve_dtype(dtype)
-    return _haar_orthogonal(key, jnp.asarray(scale, compute), tuple(int(s) for s in shape), out)
+    return _haar_orthogonal(key, *_sampler_arguments(scale, shape, dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "out"))
@@ -179,11 +189,7 @@ def goe(key: jax.Array, shape: Sequence[int], *, scale: float = 1.0, dtype=None)
     Raises:
       ValueError: if the (reshaped) matrix is not square.
     """
-    check_scale(scale)
-    _square_dim(shape, "GOE")
-    out, compute = _resolve_dtype(dtype)
-    shape = tuple(int(s) for s in shape)
-    return _symmetrised(key, jnp.asarray(scale, compute), shape, out, sign=1.0)
+    return _symmetrised(key, *_sampler_arguments(scale, shape, dtype, "GOE"), sign=1.0)
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "out", "sign"))
@@ -215,11 +221,7 @@ def antisymmetric(
     Raises:
       ValueError: if the (reshaped) matrix is not square.
     """
-    check_scale(scale)
-    _square_dim(shape, "antisymmetric")
-    out, compute = _resolve_dtype(dtype)
-    shape = tuple(int(s) for s in shape)
-    return _symmetrised(key, jnp.asarray(scale, compute), shape, out, sign=-1.0)
+    return _symmetrised(key, *_sampler_arguments(scale, shape, dtype, "antisymmetric"), sign=-1.0)
 
 
 def _normal_block_matrix(eigenvalues: jax.Array, n: int, compute) -> jax.Array:
@@ -284,11 +286,10 @@ def haar_normal(
       ...     2j * jnp.pi * jax.random.uniform(jax.random.fold_in(k, 1), (n,)))
       >>> w = haar_normal(jax.random.key(0), (64, 64), disk, scale=0.5)
     """
-    check_scale(scale)
     if not callable(eigenvalue_sampler):
         raise ValueError(f"eigenvalue_sampler must be callable, got {eigenvalue_sampler!r}.")
-    n = _square_dim(shape, "Haar-normal")
-    out, compute = _resolve_dtype(dtype)
+    scale, shape, out = _sampler_arguments(scale, shape, dtype, "Haar-normal")
+    n = shape[-1]
     key_eig, _ = jax.random.split(key)
     got = jax.eval_shape(lambda k: eigenvalue_sampler(k, n), key_eig)
     if getattr(got, "shape", None) != (n,):
@@ -296,10 +297,7 @@ def haar_normal(
             f"eigenvalue_sampler(key, {n}) must return shape ({n},), got "
             f"{getattr(got, 'shape', got)}."
         )
-    shape = tuple(int(s) for s in shape)
-    return _haar_normal(
-        key, jnp.asarray(scale, compute), shape, out, eigenvalue_sampler, bool(normalize)
-    )
+    return _haar_normal(key, scale, shape, out, eigenvalue_sampler, bool(normalize))
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))

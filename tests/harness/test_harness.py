@@ -48,6 +48,7 @@ PUBLIC = {
     "markdown_table",
     "median_rows",
     "parse_config",
+    "plot_jr_fig5",
     "plot_metrics",
     "plot_panels",
     "plot_sweep",

@@ -1,6 +1,7 @@
-"""The one bounded-loop driver shared by every solver.
+"""The bounded loop under every fixed-point solver: ``(cond_fun, body_fun)`` run at most ``max_steps`` times.
 
-Three kinds of loop run the same ``(cond_fun, body_fun)`` pair for at most ``max_steps`` bodies:
+The driver (:mod:`deqjax._src.solvers.driver`) runs every fixed-point solver's iterations through
+:func:`bounded_while_loop`, in one of three kinds:
 
 * ``"while"`` (default): :func:`jax.lax.while_loop`. Fast: stops as soon as ``cond_fun`` is false,
   but has no reverse-mode derivative.

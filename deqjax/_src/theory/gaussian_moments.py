@@ -111,17 +111,8 @@ def phi_second_moment(phi: Phi, q, *, num_points: int = DEFAULT_NUM_POINTS) -> j
 def phi_prime_second_moment(phi: Phi, q, *, num_points: int = DEFAULT_NUM_POINTS) -> jax.Array:
     """``E_{h ~ N(0, q)}[phi'(h)**2]``, the moment of Theorem 3.2's radius (Eq. 30).
 
-    Args:
-      phi: a name in ``PHI_NAMES`` or an elementwise callable.
-      q: variance ``>= 0`` (scalar, may be traced).
-      num_points: Gauss–Hermite nodes, for callables that are not piecewise linear.
-
-    Returns:
-      A scalar (closed form for ``relu``, ``hardtanh``, ``linear``; exact for piecewise-linear
-      callables).
-
-    Raises:
-      ValueError: for an unknown ``phi``, or an invalid ``num_points`` where quadrature is used.
+    The arguments, the scalar returned (closed form or exact where :func:`phi_second_moment`'s
+    is) and the errors raised are those of :func:`phi_second_moment`, with ``phi'`` for ``phi``.
     """
     phi = activations.check_phi(phi)
     q = numerics.as_float(q)
