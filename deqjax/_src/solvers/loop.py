@@ -1,4 +1,4 @@
-"""The bounded loop under every fixed-point solver: ``(cond_fun, body_fun)`` run at most ``max_steps`` times.
+"""The bounded loop under every fixed-point solver: ``(cond_fun, body_fun)``, at most ``max_steps``.
 
 The driver (:mod:`deqjax._src.solvers.driver`) runs every fixed-point solver's iterations through
 :func:`bounded_while_loop`, in one of three kinds:
