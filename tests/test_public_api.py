@@ -382,7 +382,6 @@ def test_package_modules_and_contract_names():
     assert callable(dq.training.fit) and callable(dq.data.load_fashion_mnist)
 
 
-
 def test_shine_and_fixed_point_correction_names():
     assert issubclass(dq.ShineAdjoint, dq.Adjoint)
     assert hasattr(dq.solvers, "BroydenInverse")
