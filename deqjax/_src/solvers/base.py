@@ -38,7 +38,20 @@ class Solver:
     loop_kinds: ClassVar[tuple[str, ...]] = ()
 
     def __call__(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
-        """Solves ``z = f(z)`` from ``z0`` with this object's settings."""
+        """Solves ``z = f(z)`` from ``z0`` with this object's settings.
+
+        Called eagerly, the solve runs as one compiled program cached by ``f`` (its code and
+        the values it closes over; the arrays it closes over are the program's operands) and
+        this object (see :mod:`deqjax._src.compiled`): a repeated call compiles nothing. Inside
+        a trace (``jit``, ``scan``) it runs inline, as :meth:`_run`.
+        """
+        from deqjax._src import compiled  # compiled -> normalise -> the solver classes -> here
+
+        out = compiled.run(_run_compiled, f, self, (z0,))
+        return self._run(f, z0) if out is compiled.NOT_JITTED else out
+
+    def _run(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
+        """The solve itself, un-jitted (what a subclass implements)."""
         raise NotImplementedError
 
     def to_dict(self, *, with_name: bool = True) -> dict[str, Any]:
@@ -61,3 +74,8 @@ class Solver:
                 f"{sorted(names)}."
             )
         return dataclasses.replace(self, **changes)
+
+
+def _run_compiled(make: Callable[[Any], Callable], operands: Any, solver: Solver, z0: PyTree):
+    """A solver's compiled program: its solve of ``f`` rebuilt around the traced operands."""
+    return solver._run(make(operands), z0)

@@ -1,0 +1,194 @@
+"""Compiled entry points: deqjax's solves run under ``jax.jit``, cached by function and settings.
+
+Called eagerly (no ``jit`` of the user's around it), ``dq.fixed_point``, a solver object and the
+solve of ``dq.nn.DEQ`` each run as ONE compiled program, looked up in a bounded cache by
+
+* the user's function, as :func:`deqjax._src.normalise.split_callable` describes it (its code and
+  the Python values it closes over; the arrays it closes over are operands of the program, so
+  closing over new values of the same shapes reuses it);
+* the static configuration: the normalised solver and adjoint objects (frozen dataclasses that
+  compare and hash by value), ``has_aux``, ...;
+* the Python values (not arrays) among the arguments, and the arguments' pytree structure.
+
+So a repeated eager call (the same function or a fresh ``lambda`` with the same code, equal
+settings, arrays of the same shapes and dtypes) compiles nothing, and an eager ``jax.grad`` of
+it differentiates the cached program (its linearisation and transpose are cached by JAX with it).
+The cache holds :data:`MAX_ENTRIES` programs; the least recently used one is dropped, and with
+it its executables.
+
+Under a transformation that stages out (``jax.jit``, ``lax.scan``, ``pmap``, ``eval_shape``,
+``checkpoint``) nothing changes: the entry runs inline in the caller's trace, as before. Under
+eager ``jax.grad`` and ``jax.vmap`` the compiled program is differentiated or batched. A function
+that cannot be keyed (see ``split_callable``) or traced runs un-jitted, as before.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+from collections.abc import Hashable
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+
+from deqjax._src import normalise
+
+MAX_ENTRIES = 64
+
+# What ``run`` returns when it does not run the program; the caller then runs its un-jitted path.
+NOT_JITTED = object()
+
+# Errors of tracing a function that runs eagerly but not under ``jit`` (Python control flow on
+# values, numpy calls on arrays): such a function runs un-jitted.
+_UNTRACEABLE = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError)
+
+_cache: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+_untraceable: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
+_lock = threading.Lock()
+_current = threading.local()  # the calling function's key while its program is traced
+
+
+class _Dynamic:
+    """Marks an array among the arguments (the others are static values in the key)."""
+
+    def __repr__(self) -> str:
+        return "<array>"
+
+
+_DYNAMIC = _Dynamic()
+
+
+# The traces an eager call may run under: none (evaluation), and eager ``grad``/``jvp``/``vmap``
+# (they differentiate or batch the compiled program, whose derived programs JAX caches with it).
+# Any other trace on the stack (``jit``, ``scan``, ``eval_shape``, ``checkpoint``, ``pmap``, ...)
+# stages out: the entry then runs inline in it.
+_EAGER_TRACES = frozenset({"EvalTrace", "JVPTrace", "LinearizeTrace", "BatchTrace"})
+
+
+def eager() -> bool:
+    """Whether the caller runs eagerly: every trace on the stack is evaluation or an eager
+    ``grad``/``jvp``/``vmap``, none stages out."""
+    trace = jex_core.find_top_trace(())
+    while trace is not None:
+        if type(trace).__name__ not in _EAGER_TRACES:
+            return False
+        trace = getattr(trace, "parent_trace", None)
+    return True
+
+
+def _is_array(leaf: Any) -> bool:
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
+
+
+def _split_arguments(args: tuple) -> tuple[Hashable, list[Any]]:
+    """``args`` as (structure and Python values, arrays); ``TypeError`` for an unhashable
+    Python value."""
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    arrays = [leaf for leaf in leaves if _is_array(leaf)]
+    statics = tuple(_DYNAMIC if _is_array(leaf) else (type(leaf), leaf) for leaf in leaves)
+    hash(statics)
+    return (treedef, statics), arrays
+
+
+def _program(impl: Callable[..., Any], static: Hashable, arguments: Hashable, first_key: Any):
+    """The jitted program of one cache entry."""
+    treedef, statics = arguments
+
+    def program(operands: list[Any], arrays: list[Any]) -> Any:
+        it = iter(arrays)
+        leaves = [next(it) if s is _DYNAMIC else s[1] for s in statics]
+        args = jax.tree_util.tree_unflatten(treedef, leaves)
+        # The function is rebuilt from the calling function's description (this call's objects,
+        # equal to the first call's), around the traced operands.
+        key = getattr(_current, "key", None) or first_key
+        return impl(functools.partial(normalise.rebuild, key), operands, static, *args)
+
+    return jax.jit(program)
+
+
+def _entry(key: Hashable, make: Callable[[], Any]) -> Any:
+    """The cached program of ``key`` (made by ``make`` on a miss), least recently used dropped."""
+    with _lock:
+        program = _cache.get(key)
+        if program is None:
+            program = _cache[key] = make()
+            while len(_cache) > MAX_ENTRIES:
+                _cache.popitem(last=False)
+        else:
+            _cache.move_to_end(key)
+    return program
+
+
+def run(
+    impl: Callable[..., Any],
+    f: Callable[..., Any],
+    static: Hashable,
+    args: tuple,
+    *,
+    operands: bool = True,
+    traced_operands: bool = True,
+) -> Any:
+    """``impl(make, operands, static, *args)`` as a cached compiled program, or :data:`NOT_JITTED`.
+
+    Inside the program ``make(operands)`` is ``f`` rebuilt around the traced operands (the
+    arrays ``f`` closes over); ``impl`` passes them where ``f`` needs them.
+
+    Args:
+      impl: the un-jitted implementation (a module-level function: it is part of the key).
+      f: the user's function.
+      static: the static configuration (hashable; compares by value).
+      args: the dynamic arguments (pytrees; their Python values are static).
+      operands: whether ``f`` may close over arrays (else such an ``f`` is not jitted).
+      traced_operands: whether those arrays may be traced by an eager ``grad`` or ``vmap``
+        (else such an ``f`` is not jitted: ``dq.fixed_point`` refuses it on its un-jitted path).
+
+    Returns:
+      The program's output, or :data:`NOT_JITTED` when the caller must run un-jitted: not eager,
+      ``f`` or a Python value in ``args`` or ``static`` cannot be keyed, or ``f`` cannot be traced.
+    """
+    if not eager():
+        return NOT_JITTED
+    split = normalise.split_callable(f)
+    if split is None:
+        return NOT_JITTED
+    fkey, ops = split
+    if ops and not operands:
+        return NOT_JITTED
+    if not traced_operands and any(isinstance(o, jax.core.Tracer) for o in ops):
+        return NOT_JITTED
+    try:
+        arguments, arrays = _split_arguments(args)
+        key = (impl, fkey, static, arguments)
+        hash(key)
+    except TypeError:  # an unhashable setting or argument value
+        return NOT_JITTED
+    if key in _untraceable:
+        return NOT_JITTED
+    program = _entry(key, lambda: _program(impl, static, arguments, fkey))
+    _current.key = fkey
+    try:
+        return program(ops, arrays)
+    except _UNTRACEABLE:
+        with _lock:
+            _cache.pop(key, None)
+            _untraceable[key] = None
+            while len(_untraceable) > MAX_ENTRIES:
+                _untraceable.popitem(last=False)
+        return NOT_JITTED
+    finally:
+        _current.key = None
+
+
+def clear() -> None:
+    """Drops every cached program (their executables go with them)."""
+    with _lock:
+        _cache.clear()
+        _untraceable.clear()
+
+
+def size() -> int:
+    """The number of cached programs."""
+    return len(_cache)
