@@ -1,25 +1,36 @@
 """Compiled entry points: deqjax's solves run under ``jax.jit``, cached by function and settings.
 
-Called eagerly (no ``jit`` of the user's around it), ``dq.fixed_point``, a solver object and the
-solve of ``dq.nn.DEQ`` each run as ONE compiled program, looked up in a bounded cache by
+Called eagerly (no ``jit`` of the user's around it), ``dq.fixed_point``, a solver object (so the
+solver functions and their ``functools.partial`` forms) and the solve of ``dq.nn.DEQ`` each run
+as ONE compiled program, looked up in a bounded cache by
 
-* the user's function, as :func:`deqjax._src.normalise.split_callable` describes it (its code and
-  the Python values it closes over; the arrays it closes over are operands of the program, so
-  closing over new values of the same shapes reuses it);
+* the user's function, as :func:`deqjax._src.normalise.split_callable` describes it: its code,
+  defaults, the Python values it closes over or reads as globals (by value when they compare by
+  value, else by identity), nested functions, partials and Haiku modules described in turn. The
+  arrays among them are operands of the program, not constants baked into it, so closing over
+  new values of the same shapes reuses it, and a description keeps no array alive;
 * the static configuration: the normalised solver and adjoint objects (frozen dataclasses that
   compare and hash by value), ``has_aux``, ...;
-* the Python values (not arrays) among the arguments, and the arguments' pytree structure.
+* the Python values (not arrays) among the arguments, and the arguments' pytree structure (the
+  arrays' shapes and dtypes are ``jax.jit``'s own cache key).
 
 So a repeated eager call (the same function or a fresh ``lambda`` with the same code, equal
 settings, arrays of the same shapes and dtypes) compiles nothing, and an eager ``jax.grad`` of
-it differentiates the cached program (its linearisation and transpose are cached by JAX with it).
-The cache holds :data:`MAX_ENTRIES` programs; the least recently used one is dropped, and with
-it its executables.
+it differentiates the cached program (its linearisation and transpose are cached by JAX with
+it). The cache holds :data:`MAX_ENTRIES` programs (each keeps its compiled code mapped in memory,
+and an eager gradient's several): the least recently used one is dropped, and with it its
+executables, so a stream of new functions keeps a bounded amount of code.
 
-Under a transformation that stages out (``jax.jit``, ``lax.scan``, ``pmap``, ``eval_shape``,
-``checkpoint``) nothing changes: the entry runs inline in the caller's trace, as before. Under
-eager ``jax.grad`` and ``jax.vmap`` the compiled program is differentiated or batched. A function
-that cannot be keyed (see ``split_callable``) or traced runs un-jitted, as before.
+*Eager* means every trace on the stack evaluates or is an eager ``grad``/``jvp``/``vmap``
+(:func:`eager`). Under a transformation that stages out (``jax.jit``, ``lax.scan``, ``pmap``,
+``eval_shape``, ``checkpoint``) nothing changes: the entry runs inline in the caller's trace, as
+before. The function runs un-jitted, as before, when it cannot be keyed (``split_callable``
+returns ``None``: an unhashable value, a plain object holding arrays, a cycle, a very large
+object graph), when a setting or a Python argument is unhashable, when it fails to trace with
+abstract values (a ``ConcretizationTypeError`` or ``TracerArrayConversionError``: Python control
+flow on values, numpy on arrays; such a key is remembered), and, for ``dq.fixed_point``, when
+it closes over a value traced by an eager ``grad``/``vmap`` (the un-jitted path raises its
+"closes over traced array(s)" error).
 """
 
 from __future__ import annotations

@@ -40,10 +40,14 @@ class Solver:
     def __call__(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
         """Solves ``z = f(z)`` from ``z0`` with this object's settings.
 
-        Called eagerly, the solve runs as one compiled program cached by ``f`` (its code and
-        the values it closes over; the arrays it closes over are the program's operands) and
-        this object (see :mod:`deqjax._src.compiled`): a repeated call compiles nothing. Inside
-        a trace (``jit``, ``scan``) it runs inline, as :meth:`_run`.
+        Called eagerly, the solve runs as one compiled program from a bounded cache
+        (``deqjax._src.compiled.MAX_ENTRIES`` programs, least recently used dropped), keyed by
+        ``f`` (its code and the Python values it closes over; the arrays it closes over are the
+        program's operands), this object (it compares by value) and ``z0``'s structure, shapes
+        and dtypes: a repeated call, or a fresh ``lambda`` with the same code, compiles nothing
+        (the solver functions and ``functools.partial`` forms call this). Inside a trace that
+        stages out (``jit``, ``scan``, ``pmap``) it runs inline, as :meth:`_run`; an ``f`` that
+        cannot be keyed or traced runs un-jitted.
         """
         from deqjax._src import compiled  # compiled -> normalise -> the solver classes -> here
 
