@@ -306,3 +306,23 @@ def test_eager_apply_of_a_deq_compiles_once():
     assert jax.tree_util.tree_all(
         jax.tree_util.tree_map(lambda a, b: np.allclose(a, b, rtol=1e-8), got, want)
     )
+
+
+def test_python_loop_runs_unjitted_forward_and_backward():
+    """``loop="python"`` asks for concrete values (prints, breakpoints): no compiled program."""
+    concrete = []
+
+    def f(p, x, z):
+        concrete.append(not isinstance(z, jax.core.Tracer))
+        return cell(p, x, z)
+
+    python_loop = dq.solvers.FixedPointIteration(loop="python", max_steps=40)
+
+    def loss(p):
+        return jnp.sum(dq.fixed_point(f, p, X, Z0, solver=python_loop)[0] ** 2)
+
+    before = compiled.size()
+    g = jax.grad(loss)(P)
+    assert sum(concrete) > 3 and compiled.size() == before
+    want = jax.grad(loss_of(solver=dq.solvers.FixedPointIteration(max_steps=40)))(P)
+    np.testing.assert_allclose(g["W"], want["W"], rtol=1e-6)

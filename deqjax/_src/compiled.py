@@ -28,7 +28,10 @@ before. The function runs un-jitted, as before, when it cannot be keyed (``split
 returns ``None``: an unhashable value, a plain object holding arrays, a cycle, a very large
 object graph), when a setting or a Python argument is unhashable, when it fails to trace with
 abstract values (a ``ConcretizationTypeError`` or ``TracerArrayConversionError``: Python control
-flow on values, numpy on arrays; such a key is remembered), and, for ``dq.fixed_point``, when
+flow on values, numpy on arrays; such a key is remembered), when a solver in the settings has
+``loop="python"`` (asked for to debug on concrete values), under an eager ``grad`` when the
+settings hold a user's own solver (a backward solve may run it after the call returned, where a
+failure to trace could not fall back), and, for ``dq.fixed_point``, when
 it closes over a value traced by an eager ``grad``/``vmap`` (the un-jitted path raises its
 "closes over traced array(s)" error).
 """
@@ -36,6 +39,7 @@ it closes over a value traced by an eager ``grad``/``vmap`` (the un-jitted path 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import threading
 from collections.abc import Hashable
@@ -77,17 +81,49 @@ _DYNAMIC = _Dynamic()
 # Any other trace on the stack (``jit``, ``scan``, ``eval_shape``, ``checkpoint``, ``pmap``, ...)
 # stages out: the entry then runs inline in it.
 _EAGER_TRACES = frozenset({"EvalTrace", "JVPTrace", "LinearizeTrace", "BatchTrace"})
+_DIFFERENTIATING = frozenset({"JVPTrace", "LinearizeTrace"})
+
+
+def _trace_stack() -> list[str]:
+    """The class names of the traces on the stack, innermost first."""
+    names, trace = [], jex_core.find_top_trace(())
+    while trace is not None:
+        names.append(type(trace).__name__)
+        trace = getattr(trace, "parent_trace", None)
+    return names
 
 
 def eager() -> bool:
     """Whether the caller runs eagerly: every trace on the stack is evaluation or an eager
     ``grad``/``jvp``/``vmap``, none stages out."""
-    trace = jex_core.find_top_trace(())
-    while trace is not None:
-        if type(trace).__name__ not in _EAGER_TRACES:
-            return False
-        trace = getattr(trace, "parent_trace", None)
-    return True
+    return all(name in _EAGER_TRACES for name in _trace_stack())
+
+
+def _contains(obj: Any, test: Callable[[Any], bool], depth: int = 0) -> bool:
+    """Whether ``obj``, or an item or dataclass field of it (a few levels down), passes
+    ``test``."""
+    if test(obj):
+        return True
+    if depth >= 4:
+        return False
+    if isinstance(obj, (tuple, list)):
+        children = obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        children = [getattr(obj, field.name) for field in dataclasses.fields(obj)]
+    else:
+        return False
+    return any(_contains(child, test, depth + 1) for child in children)
+
+
+@functools.lru_cache(maxsize=256)
+def _settings_run_eagerly(static: Hashable, differentiated: bool) -> bool:
+    """Whether the settings ask for an un-jitted run: a solver with ``loop="python"`` (asked for
+    to debug with prints and breakpoints on concrete values), or, under an eager ``grad``, a
+    user's own solver (``CustomSolver``): a backward solve runs it when ``grad`` transposes the
+    program, after :func:`run` returned, where an untraceable one could not fall back."""
+    if _contains(static, lambda o: getattr(o, "loop", None) == "python"):
+        return True
+    return differentiated and _contains(static, lambda o: isinstance(o, normalise.CustomSolver))
 
 
 def _is_array(leaf: Any) -> bool:
@@ -160,7 +196,14 @@ def run(
       The program's output, or :data:`NOT_JITTED` when the caller must run un-jitted: not eager,
       ``f`` or a Python value in ``args`` or ``static`` cannot be keyed, or ``f`` cannot be traced.
     """
-    if not eager():
+    stack = _trace_stack()
+    if not all(name in _EAGER_TRACES for name in stack):
+        return NOT_JITTED
+    try:
+        differentiated = any(name in _DIFFERENTIATING for name in stack)
+        if _settings_run_eagerly(static, differentiated):
+            return NOT_JITTED
+    except TypeError:  # an unhashable setting
         return NOT_JITTED
     split = normalise.split_callable(f)
     if split is None:
