@@ -4,7 +4,7 @@ Called eagerly (no ``jit`` of the user's around it), ``dq.fixed_point``, a solve
 solver functions and their ``functools.partial`` forms) and the solve of ``dq.nn.DEQ`` each run
 as ONE compiled program, looked up in a bounded cache by
 
-* the user's function, as :func:`deqjax._src.normalise.split_callable` describes it: its code,
+* the user's function, as :func:`deqjax._src.function_key.split_callable` describes it: its code,
   defaults, the Python values it closes over or reads as globals (by value when they compare by
   value, else by identity), nested functions, partials and Haiku modules described in turn. The
   arrays among them are operands of the program, not constants baked into it, so closing over
@@ -49,7 +49,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-from deqjax._src import normalise
+from deqjax._src import function_key, normalise
 
 MAX_ENTRIES = 64
 
@@ -151,7 +151,7 @@ def _program(impl: Callable[..., Any], static: Hashable, arguments: Hashable, fi
         # The function is rebuilt from the calling function's description (this call's objects,
         # equal to the first call's), around the traced operands.
         key = getattr(_current, "key", None) or first_key
-        return impl(functools.partial(normalise.rebuild, key), operands, static, *args)
+        return impl(functools.partial(function_key.rebuild, key), operands, static, *args)
 
     return jax.jit(program)
 
@@ -205,7 +205,7 @@ def run(
             return NOT_JITTED
     except TypeError:  # an unhashable setting
         return NOT_JITTED
-    split = normalise.split_callable(f)
+    split = function_key.split_callable(f)
     if split is None:
         return NOT_JITTED
     fkey, ops = split
