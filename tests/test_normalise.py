@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 
 import deqjax as dq
-from deqjax._src.normalise import CustomSolver, accepts_keyword, as_solver
+from deqjax._src.normalise import (
+    CustomSolver,
+    accepts_keyword,
+    as_solver,
+)
 
 
 def test_functions_partials_and_objects_become_equal_objects():
@@ -58,3 +62,6 @@ def test_accepts_keyword_sees_named_and_var_keywords():
     assert accepts_keyword(lambda z, x, **kw: z, "is_training")
     assert not accepts_keyword(lambda z, x: z, "is_training")
     assert not accepts_keyword(len, "is_training")  # a builtin without a signature
+
+
+# --- split_callable: a user's function as a cache key and its arrays -----------------------------

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import jax
 
-from deqjax._src import adjoints, tree
+from deqjax._src import adjoints, compiled, tree
 from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers.solution import Solution
@@ -17,7 +17,8 @@ CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
 
 def _check_no_traced_closure(f: CellFn, params: PyTree, x: PyTree, z0: PyTree) -> None:
     """Raises if ``f`` captures values that could carry gradients (they would get none)."""
-    _, hoisted = jax.closure_convert(f, params, x, z0)
+    # A new function each call: closure_convert caches by the function, which may be unhashable.
+    _, hoisted = jax.closure_convert(lambda p, xx, z: f(p, xx, z), params, x, z0)
     if hoisted:
         shapes = ", ".join(f"{h.dtype}{list(h.shape)}" for h in hoisted[:4])
         raise ValueError(
@@ -92,6 +93,18 @@ def fixed_point(
     ``batch_ndim`` is carried to the backward solver) and the parameter VJP is taken once for the
     batch, with no per-example parameter cotangents.
 
+    Called eagerly (no ``jax.jit`` of the caller's around it, possibly under an eager ``grad``
+    or ``vmap``) the whole solve runs as one compiled program from a cache of at most
+    ``deqjax._src.compiled.MAX_ENTRIES`` programs (least recently used dropped), keyed by ``f``
+    (its code, defaults and the Python values it closes over or reads as globals; the arrays
+    among them are operands of the program, so new values of the same shapes reuse it), the
+    normalised ``solver`` and ``adjoint`` (they compare by value), ``has_aux`` and the
+    arguments' structure, shapes and dtypes: a repeated eager call, or a fresh ``lambda`` with
+    the same code, compiles nothing. ``f`` is then traced once per program, not run per call.
+    Inside a trace that stages out (``jit``, ``scan``, ``pmap``, ``eval_shape``) the solve is
+    traced inline, as always; an ``f`` that cannot be keyed (e.g. it closes over an unhashable
+    value or a plain object holding arrays) or traced with abstract values runs un-jitted.
+
     Args:
       f: the cell ``f(params, x, z) -> z``, positional; every array it depends on must be passed
         through ``params`` or ``x`` (a closure over traced values raises ``ValueError``).
@@ -142,11 +155,53 @@ def fixed_point(
             "backward_stats must be a dq.BackwardStats probe (dq.BackwardStats.zeros()) or None, "
             f"got {type(backward_stats).__name__}."
         )
+    static = (solver, adjoint, has_aux)
+    args = (params, x, z0, backward_stats)
+    out = compiled.run(_run_compiled, f, static, args, traced_operands=False)
+    if out is not compiled.NOT_JITTED:
+        return out
     _check_cell(f, params, x, z0, has_aux)
     _check_no_traced_closure(f, params, x, z0)
+    return _run(f, static, *args)
+
+
+def _run(
+    f: CellFn,
+    static: tuple[Any, adjoints.Adjoint, bool],
+    params: PyTree,
+    x: PyTree,
+    z0: PyTree,
+    backward_stats: adjoints.BackwardStats | None,
+) -> tuple[PyTree, Solution]:
+    """The solve of :func:`fixed_point` once its arguments are checked (un-jitted)."""
+    solver, adjoint, has_aux = static
     cell = (lambda p, xx, z: f(p, xx, z)[0]) if has_aux else f
     kwargs = {} if backward_stats is None else {"backward_stats": backward_stats}
     z_star, sol = adjoint.solve(cell, solver, params, x, z0, **kwargs)
     if has_aux:
         return (z_star, f(params, x, z_star)[1]), sol
     return z_star, sol
+
+
+def _run_compiled(
+    make: Callable[[Any], CellFn],
+    operands: list[Any],
+    static: tuple[Any, adjoints.Adjoint, bool],
+    params: PyTree,
+    x: PyTree,
+    z0: PyTree,
+    backward_stats: adjoints.BackwardStats | None,
+) -> tuple[PyTree, Solution]:
+    """:func:`fixed_point`'s compiled program. The arrays ``f`` closes over travel with the
+    parameters (``(params, operands)``), so the cell handed to the adjoint closes over no traced
+    value (a ``custom_vjp`` must not); they receive cotangents that nobody reads."""
+    f = make(operands)
+    if operands:
+        user_f = make
+
+        def f(p: PyTree, xx: PyTree, z: PyTree) -> PyTree:
+            return user_f(p[1])(p[0], xx, z)
+
+        params = (params, operands)
+    _check_cell(f, params, x, z0, static[2])
+    return _run(f, static, params, x, z0, backward_stats)

@@ -7,9 +7,11 @@ a callable of their own, ``(f, z0) -> Solution``. Every entry point (``dq.fixed_
 on the code reads the object's declared fields (``tol``, ``stop_mode``, ``max_steps``,
 ``batch_ndim``) and capabilities (``batch_native``, ``loop_kinds``) only.
 
-This is the one module of deqjax that inspects signatures: a user's callable declares nothing, so
-its keywords are read here, once, into a :class:`CustomSolver`; and a Haiku cell's optional
-``is_training`` keyword is found by :func:`accepts_keyword`.
+This is the one module of deqjax that inspects user callables: a user's callable declares nothing,
+so its keywords are read here, once, into a :class:`CustomSolver`; a Haiku cell's optional
+``is_training`` keyword is found by :func:`accepts_keyword`. (A user's function becomes a cache key
+and its arrays in :mod:`deqjax._src.function_key`, which reads code objects and closures, not
+signatures.)
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class CustomSolver(Solver):
     def loop_kinds(self) -> tuple[str, ...]:  # type: ignore[override]
         return loop_lib.LOOP_KINDS if "loop" in self.keywords else ()
 
-    def __call__(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
+    def _run(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
         kwargs: dict[str, Any] = {}
         if self.batch_ndim:
             kwargs["batch_ndim"] = self.batch_ndim

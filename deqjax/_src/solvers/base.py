@@ -38,7 +38,24 @@ class Solver:
     loop_kinds: ClassVar[tuple[str, ...]] = ()
 
     def __call__(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
-        """Solves ``z = f(z)`` from ``z0`` with this object's settings."""
+        """Solves ``z = f(z)`` from ``z0`` with this object's settings.
+
+        Called eagerly, the solve runs as one compiled program from a bounded cache
+        (``deqjax._src.compiled.MAX_ENTRIES`` programs, least recently used dropped), keyed by
+        ``f`` (its code and the Python values it closes over; the arrays it closes over are the
+        program's operands), this object (it compares by value) and ``z0``'s structure, shapes
+        and dtypes: a repeated call, or a fresh ``lambda`` with the same code, compiles nothing
+        (the solver functions and ``functools.partial`` forms call this). Inside a trace that
+        stages out (``jit``, ``scan``, ``pmap``) it runs inline, as :meth:`_run`; an ``f`` that
+        cannot be keyed or traced runs un-jitted.
+        """
+        from deqjax._src import compiled  # compiled -> normalise -> the solver classes -> here
+
+        out = compiled.run(_run_compiled, f, self, (z0,))
+        return self._run(f, z0) if out is compiled.NOT_JITTED else out
+
+    def _run(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
+        """The solve itself, un-jitted (what a subclass implements)."""
         raise NotImplementedError
 
     def to_dict(self, *, with_name: bool = True) -> dict[str, Any]:
@@ -61,3 +78,8 @@ class Solver:
                 f"{sorted(names)}."
             )
         return dataclasses.replace(self, **changes)
+
+
+def _run_compiled(make: Callable[[Any], Callable], operands: Any, solver: Solver, z0: PyTree):
+    """A solver's compiled program: its solve of ``f`` rebuilt around the traced operands."""
+    return solver._run(make(operands), z0)

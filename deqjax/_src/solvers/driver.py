@@ -214,7 +214,7 @@ class DriverSolver(DriverOptions):
         """The proposal rule for ``problem`` with this object's settings."""
         raise NotImplementedError
 
-    def __call__(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
+    def _run(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
         """Solves ``z = f(z)`` from ``z0`` (see the class's fields for the settings)."""
         problem = check_problem(f, z0, batch_ndim=self.batch_ndim, has_aux=self.has_aux)
         return solve(problem, self, self.rule(problem))

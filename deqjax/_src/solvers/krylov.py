@@ -191,7 +191,7 @@ class KrylovSolver(Options):
         """The method for a problem of ``size`` scalar entries."""
         raise NotImplementedError
 
-    def __call__(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
+    def _run(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
         """Solves the affine fixed point ``u = f(u)`` from ``z0``."""
         problem = check_problem(f, z0, batch_ndim=self.batch_ndim, has_aux=self.has_aux)
         return _solve(problem, self, self.method(tree.tree_size(problem.z0)))

@@ -1,0 +1,202 @@
+"""Eager calls and compile time: deqjax side by side with optimistix and jaxopt.
+
+    python -m benchmarks.eager_and_compile [--d 32] [--calls 20] [--fresh_calls 4]
+    python -m benchmarks.eager_and_compile --smoke     # tiny counts (checks the script)
+
+Every library is handed the same function object on repeated calls (the peers key their
+compiled code by it). One problem for every row: ``z = tanh(W z + x)``, one example of size
+``--d``, ``||W||_2 = 0.5``, float32, ``z0 = 0``, tolerance 1e-4, loss ``sum(z*²)``, gradient in
+``W`` (implicit differentiation in every library). No ``jax.jit`` of the user's around the eager
+rows.
+
+Columns, per eager call after three warm-up calls (``--calls`` calls, the same function object):
+
+* ``fwd``: the forward solve; ``grad``: ``jax.grad`` of the loss. Each gives the wall time per
+  call (ms), XLA compilations per call (JAX's backend-compile event) and new memory mappings per
+  call (lines of ``/proc/self/maps``: compiled code that is kept).
+* ``new fn``: the gradient of a loss that writes its cell as an inline ``lambda`` closing over
+  a new matrix each call (a new function object every call, ``--fresh_calls`` calls): ms,
+  compilations and new mappings per call.
+* ``first jit grad (s)``: trace + compile + first run of ``jax.jit(jax.grad(loss))``, and
+  ``HLO lines``: the size of that program's StableHLO text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import deqjax as dq
+from benchmarks.common import emit, machine, markdown_table
+
+TOL = 1e-4
+COLUMNS = (
+    "row",
+    "fwd ms",
+    "fwd compiles",
+    "fwd maps",
+    "grad ms",
+    "grad compiles",
+    "grad maps",
+    "new fn ms",
+    "new fn compiles",
+    "new fn maps",
+    "first jit grad (s)",
+    "HLO lines",
+)
+FORMATS = {c: ".2f" for c in COLUMNS[1:]} | {"HLO lines": "d", "row": ""}
+
+_compiles = [0]
+
+
+def _count(event: str, *args: Any, **kwargs: Any) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _compiles[0] += 1
+
+
+def maps() -> int:
+    with open("/proc/self/maps") as fh:
+        return sum(1 for _ in fh)
+
+
+def per_call(call: Callable[[int], Any], n: int, warmup: int = 3) -> tuple[float, float, float]:
+    """(ms, compilations, new maps) per call of ``call(i)`` over ``n`` calls after ``warmup``."""
+    for i in range(warmup):
+        jax.block_until_ready(call(i))
+    c0, m0, t0 = _compiles[0], maps(), time.perf_counter()
+    for i in range(n):
+        jax.block_until_ready(call(warmup + i))
+    ms = (time.perf_counter() - t0) / n * 1e3
+    return ms, (_compiles[0] - c0) / n, (maps() - m0) / n
+
+
+# --- the rows: solve(cell, W, x) -> z*, with cell(W, x, z) -------------------------------------
+
+
+def _deqjax(solver: Any) -> Callable:
+    def solve(cell, w, x):
+        return dq.fixed_point(cell, w, x, jnp.zeros_like(x), solver=solver)[0]
+
+    return solve
+
+
+def _last(make: Callable[[Callable], Any]) -> Callable[[Callable], Any]:
+    """``make(cell)`` made once per cell (the last one kept): the peers key their compiled code by
+    the function object they are given, so a repeated call must hand them the same one."""
+    memo: list = [None, None]
+
+    def get(cell: Callable) -> Any:
+        if memo[0] is not cell:
+            memo[:] = [cell, make(cell)]
+        return memo[1]
+
+    return get
+
+
+def _optimistix() -> Callable:
+    import optimistix as optx
+
+    fpi = optx.FixedPointIteration(rtol=TOL, atol=TOL)
+    fn_of = _last(lambda cell: lambda z, args: cell(args[0], args[1], z))
+
+    def solve(cell, w, x):
+        return optx.fixed_point(fn_of(cell), fpi, jnp.zeros_like(x), (w, x), max_steps=256).value
+
+    return solve
+
+
+def _jaxopt(kind: str) -> Callable:
+    import jaxopt
+
+    def make(cell):
+        fn = lambda z, w, x: cell(w, x, z)  # noqa: E731
+        return getattr(jaxopt, kind)(fixed_point_fun=fn, tol=TOL, maxiter=100)
+
+    solver_of = _last(make)
+
+    def solve(cell, w, x):
+        return solver_of(cell).run(jnp.zeros_like(x), w, x).params
+
+    return solve
+
+
+ROWS = {
+    "deqjax Anderson (default)": lambda: _deqjax(dq.solvers.anderson),
+    "deqjax FixedPointIteration": lambda: _deqjax(dq.solvers.FixedPointIteration(max_steps=256)),
+    "optimistix FixedPointIteration": _optimistix,
+    "jaxopt FixedPointIteration": lambda: _jaxopt("FixedPointIteration"),
+    "jaxopt AndersonAcceleration": lambda: _jaxopt("AndersonAcceleration"),
+}
+
+
+def cell(w, x, z):
+    return jnp.tanh(w @ z + x)
+
+
+def measure(name: str, solve: Callable, d: int, calls: int, fresh_calls: int) -> dict:
+    rng = np.random.default_rng(0)
+    w0 = rng.normal(size=(d, d))
+    w = jnp.asarray(0.5 * w0 / np.linalg.norm(w0, 2), jnp.float32)
+    x = jnp.asarray(rng.normal(size=d), jnp.float32)
+
+    def loss(w):
+        return jnp.sum(solve(cell, w, x) ** 2)
+
+    t0 = time.perf_counter()
+    jitted = jax.jit(jax.grad(loss))
+    jax.block_until_ready(jitted(w))
+    first_jit = time.perf_counter() - t0
+    hlo_lines = jitted.lower(w).as_text().count("\n")
+
+    fwd = per_call(lambda i: solve(cell, w, x), calls)
+    grad_fn = jax.grad(loss)
+    grad = per_call(lambda i: grad_fn(w), calls)
+
+    def fresh(i):
+        m = w * (1.0 + 1e-3 * i)  # a new matrix, closed over by a new lambda
+        fresh_loss = lambda u: jnp.sum(solve(lambda a, b, z: jnp.tanh(m @ z + a), u, x) ** 2)  # noqa: E731
+        return jax.grad(fresh_loss)(x)
+
+    new = per_call(fresh, fresh_calls, warmup=1)
+    row = {"row": name, "first jit grad (s)": first_jit, "HLO lines": hlo_lines}
+    for prefix, values in (("fwd", fwd), ("grad", grad), ("new fn", new)):
+        ms, compiles, new_maps = values
+        row[f"{prefix} ms"] = ms
+        row[f"{prefix} compiles"] = compiles
+        row[f"{prefix} maps"] = new_maps
+    return row
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d", type=int, default=32)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--fresh_calls", type=int, default=4)
+    parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--smoke", action="store_true", help="tiny counts: checks the script")
+    parser.add_argument("--out", default=None, help="also write the table to this file")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.d, args.calls, args.fresh_calls = 8, 2, 1
+    jax.monitoring.register_event_duration_secs_listener(_count)
+    rows = []
+    for name in args.rows:
+        rows.append(measure(name, ROWS[name](), args.d, args.calls, args.fresh_calls))
+        print(f"# {name} done", file=sys.stderr, flush=True)
+    lines = [
+        f"Eager calls and compile time, z = tanh(W z + x), d = {args.d}, float32 "
+        f"({args.calls} calls after 3 warm-up; new fn: {args.fresh_calls} calls). {machine()}",
+        "",
+        *markdown_table(rows, COLUMNS, FORMATS, align="l" + "r" * (len(COLUMNS) - 1)),
+    ]
+    return emit(lines, args.out)
+
+
+if __name__ == "__main__":
+    main()

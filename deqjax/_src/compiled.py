@@ -1,0 +1,248 @@
+"""Compiled entry points: deqjax's solves run under ``jax.jit``, cached by function and settings.
+
+Called eagerly (no ``jit`` of the user's around it), ``dq.fixed_point``, a solver object (so the
+solver functions and their ``functools.partial`` forms) and the solve of ``dq.nn.DEQ`` each run
+as ONE compiled program, looked up in a bounded cache by
+
+* the user's function, as :func:`deqjax._src.function_key.split_callable` describes it: its code,
+  defaults, the Python values it closes over or reads as globals (by value when they compare by
+  value, else by identity), nested functions, partials and Haiku modules described in turn. The
+  arrays among them are operands of the program, not constants baked into it, so closing over
+  new values of the same shapes reuses it, and a description keeps no array alive;
+* the static configuration: the normalised solver and adjoint objects (frozen dataclasses that
+  compare and hash by value), ``has_aux``, ...;
+* the Python values (not arrays) among the arguments, and the arguments' pytree structure (the
+  arrays' shapes and dtypes are ``jax.jit``'s own cache key).
+
+So a repeated eager call (the same function or a fresh ``lambda`` with the same code, equal
+settings, arrays of the same shapes and dtypes) compiles nothing, and an eager ``jax.grad`` of
+it differentiates the cached program (its linearisation and transpose are cached by JAX with
+it). The cache holds :data:`MAX_ENTRIES` programs (each keeps its compiled code mapped in memory,
+and an eager gradient's several): the least recently used one is dropped, and with it its
+executables, so a stream of new functions keeps a bounded amount of code.
+
+*Eager* means every trace on the stack evaluates or is an eager ``grad``/``jvp``/``vmap``
+(:func:`eager`). Under a transformation that stages out (``jax.jit``, ``lax.scan``, ``pmap``,
+``eval_shape``, ``checkpoint``) nothing changes: the entry runs inline in the caller's trace, as
+before. The function runs un-jitted, as before, when it cannot be keyed (``split_callable``
+returns ``None``: an unhashable value, a plain object holding arrays, a cycle, a very large
+object graph), when a setting or a Python argument is unhashable, when it fails to trace with
+abstract values (a ``ConcretizationTypeError`` or ``TracerArrayConversionError``: Python control
+flow on values, numpy on arrays; such a key is remembered), when a solver in the settings has
+``loop="python"`` (asked for to debug on concrete values), under an eager ``grad`` when the
+settings hold a user's own solver (a backward solve may run it after the call returned, where a
+failure to trace could not fall back), and, for ``dq.fixed_point``, when
+it closes over a value traced by an eager ``grad``/``vmap`` (the un-jitted path raises its
+"closes over traced array(s)" error).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import threading
+from collections.abc import Hashable
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+
+from deqjax._src import function_key, normalise
+
+MAX_ENTRIES = 64
+
+# What ``run`` returns when it does not run the program; the caller then runs its un-jitted path.
+NOT_JITTED = object()
+
+# Errors of tracing a function that runs eagerly but not under ``jit`` (Python control flow on
+# values, numpy calls on arrays): such a function runs un-jitted.
+_UNTRACEABLE = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError)
+
+_cache: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+_untraceable: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
+_lock = threading.Lock()
+_current = threading.local()  # the calling function's key while its program is traced
+
+
+class _Dynamic:
+    """Marks an array among the arguments (the others are static values in the key)."""
+
+    def __repr__(self) -> str:
+        return "<array>"
+
+
+_DYNAMIC = _Dynamic()
+
+
+# The traces an eager call may run under: none (evaluation), and eager ``grad``/``jvp``/``vmap``
+# (they differentiate or batch the compiled program, whose derived programs JAX caches with it).
+# Any other trace on the stack (``jit``, ``scan``, ``eval_shape``, ``checkpoint``, ``pmap``, ...)
+# stages out: the entry then runs inline in it.
+_EAGER_TRACES = frozenset({"EvalTrace", "JVPTrace", "LinearizeTrace", "BatchTrace"})
+_DIFFERENTIATING = frozenset({"JVPTrace", "LinearizeTrace"})
+
+
+def _trace_stack() -> list[str]:
+    """The class names of the traces on the stack, innermost first."""
+    names, trace = [], jex_core.find_top_trace(())
+    while trace is not None:
+        names.append(type(trace).__name__)
+        trace = getattr(trace, "parent_trace", None)
+    return names
+
+
+def eager() -> bool:
+    """Whether the caller runs eagerly: every trace on the stack is evaluation or an eager
+    ``grad``/``jvp``/``vmap``, none stages out."""
+    return all(name in _EAGER_TRACES for name in _trace_stack())
+
+
+def _contains(obj: Any, test: Callable[[Any], bool], depth: int = 0) -> bool:
+    """Whether ``obj``, or an item or dataclass field of it (a few levels down), passes
+    ``test``."""
+    if test(obj):
+        return True
+    if depth >= 4:
+        return False
+    if isinstance(obj, (tuple, list)):
+        children = obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        children = [getattr(obj, field.name) for field in dataclasses.fields(obj)]
+    else:
+        return False
+    return any(_contains(child, test, depth + 1) for child in children)
+
+
+@functools.lru_cache(maxsize=256)
+def _settings_run_eagerly(static: Hashable, differentiated: bool) -> bool:
+    """Whether the settings ask for an un-jitted run: a solver with ``loop="python"`` (asked for
+    to debug with prints and breakpoints on concrete values), or, under an eager ``grad``, a
+    user's own solver (``CustomSolver``): a backward solve runs it when ``grad`` transposes the
+    program, after :func:`run` returned, where an untraceable one could not fall back."""
+    if _contains(static, lambda o: getattr(o, "loop", None) == "python"):
+        return True
+    return differentiated and _contains(static, lambda o: isinstance(o, normalise.CustomSolver))
+
+
+def _is_array(leaf: Any) -> bool:
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
+
+
+def _split_arguments(args: tuple) -> tuple[Hashable, list[Any]]:
+    """``args`` as (structure and Python values, arrays); ``TypeError`` for an unhashable
+    Python value."""
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    arrays = [leaf for leaf in leaves if _is_array(leaf)]
+    statics = tuple(_DYNAMIC if _is_array(leaf) else (type(leaf), leaf) for leaf in leaves)
+    hash(statics)
+    return (treedef, statics), arrays
+
+
+def _program(impl: Callable[..., Any], static: Hashable, arguments: Hashable, first_key: Any):
+    """The jitted program of one cache entry."""
+    treedef, statics = arguments
+
+    def program(operands: list[Any], arrays: list[Any]) -> Any:
+        it = iter(arrays)
+        leaves = [next(it) if s is _DYNAMIC else s[1] for s in statics]
+        args = jax.tree_util.tree_unflatten(treedef, leaves)
+        # The function is rebuilt from the calling function's description (this call's objects,
+        # equal to the first call's), around the traced operands.
+        key = getattr(_current, "key", None) or first_key
+        return impl(functools.partial(function_key.rebuild, key), operands, static, *args)
+
+    return jax.jit(program)
+
+
+def _entry(key: Hashable, make: Callable[[], Any]) -> Any:
+    """The cached program of ``key`` (made by ``make`` on a miss), least recently used dropped."""
+    with _lock:
+        program = _cache.get(key)
+        if program is None:
+            program = _cache[key] = make()
+            while len(_cache) > MAX_ENTRIES:
+                _cache.popitem(last=False)
+        else:
+            _cache.move_to_end(key)
+    return program
+
+
+def run(
+    impl: Callable[..., Any],
+    f: Callable[..., Any],
+    static: Hashable,
+    args: tuple,
+    *,
+    operands: bool = True,
+    traced_operands: bool = True,
+) -> Any:
+    """``impl(make, operands, static, *args)`` as a cached compiled program, or :data:`NOT_JITTED`.
+
+    Inside the program ``make(operands)`` is ``f`` rebuilt around the traced operands (the
+    arrays ``f`` closes over); ``impl`` passes them where ``f`` needs them.
+
+    Args:
+      impl: the un-jitted implementation (a module-level function: it is part of the key).
+      f: the user's function.
+      static: the static configuration (hashable; compares by value).
+      args: the dynamic arguments (pytrees; their Python values are static).
+      operands: whether ``f`` may close over arrays (else such an ``f`` is not jitted).
+      traced_operands: whether those arrays may be traced by an eager ``grad`` or ``vmap``
+        (else such an ``f`` is not jitted: ``dq.fixed_point`` refuses it on its un-jitted path).
+
+    Returns:
+      The program's output, or :data:`NOT_JITTED` when the caller must run un-jitted: not eager,
+      ``f`` or a Python value in ``args`` or ``static`` cannot be keyed, or ``f`` cannot be traced.
+    """
+    stack = _trace_stack()
+    if not all(name in _EAGER_TRACES for name in stack):
+        return NOT_JITTED
+    try:
+        differentiated = any(name in _DIFFERENTIATING for name in stack)
+        if _settings_run_eagerly(static, differentiated):
+            return NOT_JITTED
+    except TypeError:  # an unhashable setting
+        return NOT_JITTED
+    split = function_key.split_callable(f)
+    if split is None:
+        return NOT_JITTED
+    fkey, ops = split
+    if ops and not operands:
+        return NOT_JITTED
+    if not traced_operands and any(isinstance(o, jax.core.Tracer) for o in ops):
+        return NOT_JITTED
+    try:
+        arguments, arrays = _split_arguments(args)
+        key = (impl, fkey, static, arguments)
+        hash(key)
+    except TypeError:  # an unhashable setting or argument value
+        return NOT_JITTED
+    if key in _untraceable:
+        return NOT_JITTED
+    program = _entry(key, lambda: _program(impl, static, arguments, fkey))
+    _current.key = fkey
+    try:
+        return program(ops, arrays)
+    except _UNTRACEABLE:
+        with _lock:
+            _cache.pop(key, None)
+            _untraceable[key] = None
+            while len(_untraceable) > MAX_ENTRIES:
+                _untraceable.popitem(last=False)
+        return NOT_JITTED
+    finally:
+        _current.key = None
+
+
+def clear() -> None:
+    """Drops every cached program (their executables go with them)."""
+    with _lock:
+        _cache.clear()
+        _untraceable.clear()
+
+
+def size() -> int:
+    """The number of cached programs."""
+    return len(_cache)
