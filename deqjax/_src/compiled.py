@@ -49,7 +49,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-from deqjax._src import function_key, normalise
+from deqjax._src import function_key
 
 MAX_ENTRIES = 64
 
@@ -119,11 +119,12 @@ def _contains(obj: Any, test: Callable[[Any], bool], depth: int = 0) -> bool:
 def _settings_run_eagerly(static: Hashable, differentiated: bool) -> bool:
     """Whether the settings ask for an un-jitted run: a solver with ``loop="python"`` (asked for
     to debug with prints and breakpoints on concrete values), or, under an eager ``grad``, a
-    user's own solver (``CustomSolver``): a backward solve runs it when ``grad`` transposes the
-    program, after :func:`run` returned, where an untraceable one could not fall back."""
+    user's own solver (one that ``wraps_user_callable``): a backward solve runs it when ``grad``
+    transposes the program, after :func:`run` returned, where an untraceable one could not fall
+    back."""
     if _contains(static, lambda o: getattr(o, "loop", None) == "python"):
         return True
-    return differentiated and _contains(static, lambda o: isinstance(o, normalise.CustomSolver))
+    return differentiated and _contains(static, lambda o: getattr(o, "wraps_user_callable", False))
 
 
 def _is_array(leaf: Any) -> bool:

@@ -188,20 +188,20 @@ def _run_compiled(
     operands: list[Any],
     static: tuple[Any, adjoints.Adjoint, bool],
     params: PyTree,
-    x: PyTree,
-    z0: PyTree,
-    backward_stats: adjoints.BackwardStats | None,
+    *rest: Any,
 ) -> tuple[PyTree, Solution]:
-    """:func:`fixed_point`'s compiled program. The arrays ``f`` closes over travel with the
-    parameters (``(params, operands)``), so the cell handed to the adjoint closes over no traced
-    value (a ``custom_vjp`` must not); they receive cotangents that nobody reads."""
+    """:func:`fixed_point`'s compiled program; ``rest`` is ``(x, z0, backward_stats)``.
+
+    The arrays ``f`` closes over travel with the parameters (``(params, operands)``), so the cell
+    handed to the adjoint closes over no traced value (a ``custom_vjp`` must not); they receive
+    cotangents that nobody reads."""
     f = make(operands)
     if operands:
-        user_f = make
 
         def f(p: PyTree, xx: PyTree, z: PyTree) -> PyTree:
-            return user_f(p[1])(p[0], xx, z)
+            return make(p[1])(p[0], xx, z)
 
         params = (params, operands)
+    x, z0, _ = rest
     _check_cell(f, params, x, z0, static[2])
-    return _run(f, static, params, x, z0, backward_stats)
+    return _run(f, static, params, *rest)

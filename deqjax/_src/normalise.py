@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from deqjax._src import checks
 from deqjax._src.solvers import loop as loop_lib
@@ -64,6 +64,8 @@ class CustomSolver(Solver):
       max_steps, tol, stop_mode, atol: what a partial binds, else ``None`` (``batch_ndim`` and
         ``loop`` too: a partial binding them declares them).
     """
+
+    wraps_user_callable: ClassVar[bool] = True
 
     fn: Callable[..., Solution] = None  # type: ignore[assignment]
     keywords: frozenset = frozenset()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, ClassVar
 
+from deqjax._src import compiled
 from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
@@ -32,10 +33,13 @@ class Solver:
     Attributes:
       batch_native: whether the solver has a ``batch_ndim`` setting.
       loop_kinds: the ``loop`` settings it accepts (empty: it runs its own loop).
+      wraps_user_callable: whether it runs a user's own callable, which deqjax cannot promise
+        to trace (the compiled entry then runs un-jitted under an eager ``grad``).
     """
 
     batch_native: ClassVar[bool] = True
     loop_kinds: ClassVar[tuple[str, ...]] = ()
+    wraps_user_callable: ClassVar[bool] = False
 
     def __call__(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
         """Solves ``z = f(z)`` from ``z0`` with this object's settings.
@@ -49,8 +53,6 @@ class Solver:
         stages out (``jit``, ``scan``, ``pmap``) it runs inline, as :meth:`_run`; an ``f`` that
         cannot be keyed or traced runs un-jitted.
         """
-        from deqjax._src import compiled  # compiled -> normalise -> the solver classes -> here
-
         out = compiled.run(_run_compiled, f, self, (z0,))
         return self._run(f, z0) if out is compiled.NOT_JITTED else out
 
