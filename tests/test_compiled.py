@@ -281,6 +281,7 @@ def test_500_eager_gradients_stay_flat():
             assert maps() - m0 <= MAPS_SLACK, f"{maps() - m0} new maps after {i + 1} gradients"
 
 
+@pytest.mark.slow  # ~20 s of Haiku tracing on 2 CPU cores
 def test_eager_apply_of_a_deq_compiles_once():
     """An eager ``apply`` of the same transformed model builds new modules and closures on every
     call; the solve's program is the same."""

@@ -48,7 +48,17 @@ def test_readme_has_a_deq_module_and_optax_example():
     assert any("dq.nn.DEQ" in b and "optax" in b for b in blocks)
 
 
-@pytest.mark.parametrize("index", range(len(_readme_python_blocks())))
+def _readme_block_params() -> list:
+    """One parameter per README block; the interop snippets (Equinox, Flax NNX), which
+    tests/interop checks in the default lane too, run in the slow lane."""
+    slow = ("import equinox", "from flax import nnx")
+    return [
+        pytest.param(i, marks=pytest.mark.slow) if any(s in block for s in slow) else i
+        for i, block in enumerate(_readme_python_blocks())
+    ]
+
+
+@pytest.mark.parametrize("index", _readme_block_params())
 def test_readme_python_blocks_run(index, tmp_path):
     # As a user would run it: a fresh interpreter (float32, default promotion), another directory.
     code = _readme_python_blocks()[index]

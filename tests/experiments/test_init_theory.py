@@ -4,9 +4,12 @@ import csv
 import json
 import math
 
+import pytest
+
 from experiments import init_theory
 
 
+@pytest.mark.slow  # ~10 s of plots; tests/theory checks every prediction in the default lane
 def test_smoke_run_writes_figures_and_csv(tmp_path):
     module = init_theory
     out = module.main(["--smoke", "--quiet", "--out_dir", str(tmp_path)])

@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from tests.helpers.run_experiment import run_smoke
 
 
+@pytest.mark.slow  # ~12 s; the experiments' smokes of the main job run in the default lane
 def test_solver_demo_smoke(tmp_path):
     results = run_smoke("solver_demo", tmp_path, data_source=False)
     png = tmp_path / "convergence.png"

@@ -72,6 +72,7 @@ def test_gradient_matches_finite_differences_along_a_direction():
     np.testing.assert_allclose(ad, fd, rtol=1e-6)
 
 
+@pytest.mark.slow  # ~10 s; the Flax gradient checks above run in the default lane
 def test_batch_native_solve_of_the_module():
     xs = jax.random.normal(jax.random.PRNGKey(3), (B, D))
 

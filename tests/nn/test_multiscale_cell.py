@@ -19,6 +19,7 @@ from tests.helpers.deq_cells import deq_grads, np_init, rel_err
 B = 2
 
 
+@pytest.mark.slow  # ~10 s of XLA compile on 2 CPU cores
 def test_multiscale_state_shapes_per_resolution_in_a_deq():
     x = jax.random.normal(jax.random.PRNGKey(0), (B, 8, 8, 4), jnp.float64)
 
