@@ -53,6 +53,51 @@ def test_gmres_charges_each_cycle_in_full():
     assert trace[0] == trace[1] and trace[n - 1] == float(sol.rel_residual)
 
 
+def test_gmres_cycles_equal_jax_scipy_gmres():
+    """Each cycle of the one-loop GMRES is a cycle of jax.scipy's restarted GMRES (one restart,
+    ``solve_method="batched"``, started from the previous cycle's iterate): after c cycles the
+    iterates agree to float64 rounding."""
+    import jax.scipy.sparse.linalg as jsla
+
+    a, b = affine(seed=3, d=12, radius=0.95)
+    matvec = lambda u: u - a @ u  # noqa: E731  (I - L) u
+    u = jnp.zeros(12)
+    for cycles in (1, 2, 3):
+        u, _ = jsla.gmres(matvec, b, u, tol=0.0, atol=0.0, restart=5, maxiter=1)
+        ours = solvers.gmres(
+            lambda v: b + a @ v, jnp.zeros(12), tol=1e-30, restart=5, max_steps=2 + 8 * cycles
+        )
+        assert int(ours.num_steps) == 2 + 8 * cycles
+        f_u = b + a @ u
+        np.testing.assert_allclose(ours.f_value - ours.value, f_u - u, rtol=1e-9, atol=1e-13)
+
+
+def test_gmres_ends_a_cycle_on_an_invariant_subspace():
+    """L with two distinct eigenvalues: the Krylov space of any start has dimension 2, so the
+    Arnoldi step after it finds a zero vector; the cycle ends there with the exact answer (no
+    division by zero, no NaN)."""
+    q, _ = np.linalg.qr(np.random.default_rng(4).normal(size=(10, 10)))
+    a = jnp.asarray(q @ np.diag([0.5] * 5 + [-0.3] * 5) @ q.T)
+    b = jnp.asarray(np.random.default_rng(5).normal(size=10))
+    sol = solvers.gmres(lambda u: b + a @ u, jnp.zeros(10), tol=1e-12, restart=8)
+    assert int(sol.status) == solvers.CONVERGED and int(sol.num_steps) == 2 + 11
+    want = np.linalg.solve(np.eye(10) - np.asarray(a), np.asarray(b))
+    np.testing.assert_allclose(sol.value, want, rtol=1e-10)
+
+
+def test_gmres_program_has_one_loop_and_one_evaluation_of_f():
+    """The fallback of every implicit backward must be cheap to compile: GMRES is one while loop
+    (no nested restart, Arnoldi or Gram–Schmidt loops) with f traced once inside it."""
+    a, b = affine()
+
+    def f(u):
+        return b + jnp.sin(a) @ u
+
+    text = jax.jit(lambda u0: solvers.gmres(f, u0).value).lower(jnp.zeros(8)).as_text()
+    assert text.count("stablehlo.while") == 1
+    assert text.count("stablehlo.sine") == 3  # b = f(0), f(z0), and once in the loop body
+
+
 @pytest.mark.parametrize("name", KRYLOV)
 def test_has_aux_is_the_aux_at_the_value(name):
     a, bs = affine(seed=2, batch=3)

@@ -5,13 +5,17 @@ affine fixed-point problem ``u = g + J_f(z*)ᵀ u``, i.e. the linear system ``(I
 fixed-point solvers (:func:`~deqjax.solvers.fixed_point_iteration`, Anderson, Broyden) solve it as
 a fixed point and can fail where ``J`` has an eigenvalue near ``−1`` (Picard iteration oscillates)
 even though ``I − Jᵀ`` is well conditioned. The Krylov methods here solve the linear system
-itself, with :mod:`jax.scipy.sparse.linalg` (no hand-written Krylov code):
+itself:
 
-* :func:`gmres` — restarted GMRES (Saad & Schultz 1986) on ``(I − L) u = b``;
-* :func:`bicgstab` — BiCGStab (van der Vorst 1992) on the same system;
+* :func:`gmres` — restarted GMRES (Saad & Schultz 1986) on ``(I − L) u = b``, written as one
+  ``lax.while_loop`` in :mod:`deqjax._src.solvers.gmres` (the default fallback of the implicit
+  backward, so its program is kept small: :func:`jax.scipy.sparse.linalg.gmres` nests loops);
+* :func:`bicgstab` — BiCGStab (van der Vorst 1992) on the same system, with
+  :func:`jax.scipy.sparse.linalg.bicgstab`;
 * :func:`normal_cg` — conjugate gradients on the normal equations
   ``(I − L)ᵀ(I − L) u = (I − L)ᵀ b`` (CGNR): converges for any nonsingular ``I − L``, at the
-  price of a squared condition number and one extra (transposed) product per iteration.
+  price of a squared condition number and one extra (transposed) product per iteration, with
+  :func:`jax.scipy.sparse.linalg.cg`.
 
 Each takes the affine map ``f`` (``b = f(0)`` and ``L u = f(u) − b`` are read off it) and a start
 ``z0``, i.e. it has the signature of every deqjax solver, ``(f, z0) -> Solution``, so it plugs in
@@ -44,6 +48,7 @@ the others' Krylov updates (each problem then keeps its own best iterate).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, ClassVar, NamedTuple
 
 import jax
@@ -51,6 +56,7 @@ import jax.numpy as jnp
 import jax.scipy.sparse.linalg as jsla
 
 from deqjax._src import checks, tree
+from deqjax._src.solvers import gmres as gmres_lib
 from deqjax._src.solvers import stopping
 from deqjax._src.solvers.options import Options
 from deqjax._src.solvers.problem import Problem, check_problem
@@ -61,6 +67,12 @@ MapFn = Callable[[PyTree], PyTree]
 
 
 class _Method(NamedTuple):
+    """A Krylov method: the loop that runs it on a problem, by a stopping rule."""
+
+    run: Callable[[Problem, stopping.StoppingRule], Solution]
+
+
+class _Chunks(NamedTuple):
     """A Krylov method as the chunked driver runs it."""
 
     chunk_solve: Callable[..., PyTree]  # (*operators, b, u, atol) -> u after one chunk
@@ -92,7 +104,7 @@ def _operators(fn: Callable, z0: PyTree, b: PyTree, needs_transpose: bool) -> tu
     return matvec, lambda v: vjp_a(v)[0]
 
 
-def _chunk_step(problem: Problem, rule: stopping.StoppingRule, method: _Method, operators, b):
+def _chunk_step(problem: Problem, rule: stopping.StoppingRule, method: _Chunks, operators, b):
     """The loop body: one chunk of the method, then its true residual judged."""
     bn, rdtype = problem.batch_ndim, problem.rdtype
     inf = jnp.asarray(jnp.inf, rdtype)
@@ -131,13 +143,17 @@ def _chunk_step(problem: Problem, rule: stopping.StoppingRule, method: _Method, 
 
 
 def _solve(problem: Problem, options: KrylovSolver, method: _Method) -> Solution:
-    """The chunked driver shared by the three methods (see the module docstring)."""
-    rule = stopping.krylov_rule(options)
+    """Runs ``method`` on ``problem`` with the stopping rule of ``options``."""
+    return method.run(problem, stopping.krylov_rule(options))
+
+
+def _run_chunks(problem: Problem, rule: stopping.StoppingRule, method: _Chunks) -> Solution:
+    """The chunked driver of BiCGStab and CG (see the module docstring)."""
     z0 = problem.z0
     b, _ = problem.fn(tree.tree_zeros_like(z0))
     operators = _operators(problem.fn, z0, b, method.needs_transpose)
     fz0, aux0 = problem.fn(z0)
-    book0 = stopping.initial_book(problem.batch_shape, options.max_steps, problem.rdtype)
+    book0 = stopping.initial_book(problem.batch_shape, rule.max_steps, problem.rdtype)
     # The start costs two evaluations, f(0) and f(z0).
     first = stopping.judge(
         z0, fz0, tree.tree_sub(fz0, z0), book0, rule, start=0, count=2, next_count=method.cost
@@ -166,6 +182,12 @@ def _solve(problem: Problem, options: KrylovSolver, method: _Method) -> Solution
         f_value=c.best_fu,
         aux=c.best_aux if problem.has_aux else None,
     )
+
+
+def _chunked(chunk_solve: Callable[..., PyTree], cost: int, needs_transpose: bool) -> _Method:
+    """A method run in chunks by :func:`_run_chunks`."""
+    chunks = _Chunks(chunk_solve, cost, needs_transpose)
+    return _Method(functools.partial(_run_chunks, method=chunks))
 
 
 def _chunk_iters(requested: int, per_iter: int, overhead: int, max_steps: int) -> int:
@@ -201,8 +223,8 @@ class KrylovSolver(Options):
 class GMRES(KrylovSolver):
     """Restarted GMRES (Saad & Schultz 1986) on ``(I − L)u = b`` for ``u = f(u) = b + L u``.
 
-    Built on :func:`jax.scipy.sparse.linalg.gmres` (``solve_method="batched"``), one restart cycle
-    per chunk (``restart + 3`` evaluations). GMRES minimises ``‖b − (I − L)u‖`` over a growing
+    One ``lax.while_loop`` with one evaluation of ``f`` per step (:mod:`deqjax._src.solvers.gmres`),
+    charged ``restart + 3`` evaluations per cycle. GMRES minimises ``‖b − (I − L)u‖`` over a growing
     Krylov space, so it converges for any nonsingular ``I − L`` (within ``restart`` iterations per
     cycle; restarts can slow it on strongly non-normal systems). As the implicit backward (DEQ
     paper, Eq. 11) each product is one VJP of the cell.
@@ -222,14 +244,7 @@ class GMRES(KrylovSolver):
 
     def method(self, size: int) -> _Method:
         iters = _chunk_iters(min(self.restart, max(size, 1)), 1, 2, self.max_steps)
-
-        def chunk_solve(matvec, b, u, atol):
-            u_new, _ = jsla.gmres(
-                matvec, b, u, tol=0.0, atol=atol, restart=iters, maxiter=1, solve_method="batched"
-            )
-            return u_new
-
-        return _Method(chunk_solve, iters + 3, needs_transpose=False)
+        return _Method(functools.partial(gmres_lib.solve, n=iters))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -262,7 +277,7 @@ class BiCGStab(_Chunked):
         def chunk_solve(matvec, b, u, atol):
             return jsla.bicgstab(matvec, b, u, tol=0.0, atol=atol, maxiter=iters)[0]
 
-        return _Method(chunk_solve, 2 * iters + 2, needs_transpose=False)
+        return _chunked(chunk_solve, 2 * iters + 2, needs_transpose=False)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -291,7 +306,7 @@ class NormalCG(_Chunked):
             # well below the target and let the true-residual check decide.
             return jsla.cg(normal, rmatvec(b), u, tol=0.0, atol=1e-3 * atol, maxiter=iters)[0]
 
-        return _Method(chunk_solve, 2 * iters + 4, needs_transpose=True)
+        return _chunked(chunk_solve, 2 * iters + 4, needs_transpose=True)
 
 
 def gmres(f: MapFn, z0: PyTree, /, **options) -> Solution:
