@@ -252,5 +252,5 @@ def backward_convergence(
         solver, adjoint.fallback, fallback_factor=adjoint.fallback_factor, batch_ndim=batch_ndim
     )
     stop = jax.lax.stop_gradient
-    args = (stop(params), stop(x), stop(z_star), stop(cotangent))
-    return stop(implicit.solve_adjoint(f, *args, config).solution)
+    vjp = implicit.linearise(f, stop(params), stop(x), stop(z_star))
+    return stop(implicit.solve_adjoint(vjp, stop(cotangent), config).solution)

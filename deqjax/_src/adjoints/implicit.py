@@ -145,15 +145,22 @@ def resolve_backward(
 # --- the backward solve: first solve, fallback, failure policy -----------------------------------
 
 
-def adjoint_map(
-    f: CellFn, params: PyTree, x: PyTree, z_star: PyTree, cotangent: PyTree
-) -> Callable[[PyTree], PyTree]:
-    """``u ↦ g + J_f(z*)ᵀ u`` (DEQ paper, Eq. 11), with ``f`` linearised once at ``z*``."""
-    _, vjp_z = jax.vjp(lambda z: f(params, x, z), z_star)
+def linearise(f: CellFn, params: PyTree, x: PyTree, z_star: PyTree) -> Callable:
+    """The VJP of ``f`` at ``(params, x, z*)`` in all three arguments, linearised once.
+
+    The backward solve needs its ``z`` part (``u ↦ J_f(z*)ᵀ u``, every iteration) and the final
+    gradient its ``(params, x)`` part: one linearisation serves both, so the program traces and
+    compiles ``f``'s forward at ``z*`` once (in a loop body the unused cotangents are dead code).
+    """
+    _, vjp = jax.vjp(f, params, x, z_star)
+    return vjp
+
+
+def adjoint_map(vjp: Callable, cotangent: PyTree) -> Callable[[PyTree], PyTree]:
+    """``u ↦ g + J_f(z*)ᵀ u`` (DEQ paper, Eq. 11), with ``vjp`` from :func:`linearise`."""
 
     def h(u: PyTree) -> PyTree:
-        (jt_u,) = vjp_z(u)
-        return tree.tree_add(cotangent, jt_u)
+        return tree.tree_add(cotangent, vjp(u)[2])
 
     return h
 
@@ -177,7 +184,7 @@ def backward_solve(
     Returns:
       The backward solver's :class:`~deqjax.solvers.Solution` for ``u``.
     """
-    return solver(adjoint_map(f, params, x, z_star, cotangent), cotangent)
+    return solver(adjoint_map(linearise(f, params, x, z_star), cotangent), cotangent)
 
 
 class _Outcome(NamedTuple):
@@ -267,15 +274,15 @@ class AdjointResult(NamedTuple):
 
 
 def solve_adjoint(
-    f: CellFn,
-    params: PyTree,
-    x: PyTree,
-    z_star: PyTree,
+    vjp: Callable,
     cotangent: PyTree,
     config: BackwardConfig,
     forward_rel_residual: jax.Array | float = 0.0,
 ) -> AdjointResult:
     """The implicit backward: first solve, fallback where it failed, failure policy.
+
+    ``vjp`` is the cell's VJP at the fixed point (:func:`linearise`); ``cotangent`` is
+    ``g = ∂ℓ/∂z*``.
 
     1. ``config.solver`` on ``u = g + Jᵀu`` from ``u0 = g``.
     2. Where it failed (:func:`needs_fallback`) and ``config.fallback`` is given: the fallback on
@@ -288,7 +295,7 @@ def solve_adjoint(
       ``num_steps`` counts both solves, residuals and ``status`` are final, and ``trace`` is the
       first solve's; and the summed :class:`~deqjax.BackwardStats`.
     """
-    h = adjoint_map(f, params, x, z_star, cotangent)
+    h = adjoint_map(vjp, cotangent)
     first = config.solver(h, cotangent)
     need = needs_fallback(first, config.fallback_above, forward_rel_residual)
     if config.fallback is None:
@@ -347,10 +354,10 @@ def _bwd(f, solver, backward, residuals, cotangents):
     del solver
     params, x, z_star, z0, fwd_rel_residual, probe = residuals
     g = z_star_cotangent(cotangents)
-    result = solve_adjoint(f, params, x, z_star, g, backward, fwd_rel_residual)
+    vjp = linearise(f, params, x, z_star)
+    result = solve_adjoint(vjp, g, backward, fwd_rel_residual)
     # One VJP in (params, x) for the whole batch: no per-example parameter cotangents.
-    _, vjp_px = jax.vjp(lambda p, xx: f(p, xx, z_star), params, x)
-    g_params, g_x = vjp_px(result.u)
+    g_params, g_x, _ = vjp(result.u)
     g_probe = stats_lib.probe_cotangent(result.stats, probe)
     return g_params, g_x, tree.tree_zeros_like(z0), g_probe
 

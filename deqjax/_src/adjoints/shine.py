@@ -55,19 +55,13 @@ class _ShineConfig:
 
 
 def _estimate(
-    f: CellFn,
-    params: PyTree,
-    x: PyTree,
-    z_star: PyTree,
-    g: PyTree,
-    inverse: broyden_lib.BroydenInverse,
-    refine_steps: int,
+    vjp: Callable, g: PyTree, inverse: broyden_lib.BroydenInverse, refine_steps: int
 ) -> PyTree:
     """SHINE's adjoint: ``u = −Bᵀ g`` with ``B ≈ J_g⁻¹``, ``g(z) = f(z) − z``, then
     ``refine_steps`` steps of ``u ← g + J_f(z*)ᵀ u`` (DEQ paper, Eq. 11)."""
     u = tree.tree_scale(-1.0, broyden_lib.inverse_rmatvec(inverse, g))
     if refine_steps:
-        h = implicit.adjoint_map(f, params, x, z_star, g)
+        h = implicit.adjoint_map(vjp, g)
         u = jax.lax.fori_loop(0, refine_steps, lambda _, u: h(u), u)
     return u
 
@@ -83,11 +77,11 @@ def _relative_residual(
     return norms[0] / (norms[1] + jnp.asarray(1e-30, dtype))
 
 
-def _fallback(f, params, x, z_star, g, u, vjp_all, fwd_rel_residual, checked, config):
+def _fallback(g, u, vjp_all, fwd_rel_residual, checked, config):
     """The implicit backward where SHINE's estimate is poor, and the gradient and statistics
     with its adjoint there. ``checked``: SHINE's per-problem ``(rel_res, poor, ones)``."""
     rel_res, poor, ones = checked
-    result = implicit.solve_adjoint(f, params, x, z_star, g, config.fallback, fwd_rel_residual)
+    result = implicit.solve_adjoint(vjp_all, g, config.fallback, fwd_rel_residual)
     g_params, g_x, _ = vjp_all(tree.tree_where(poor, result.u, u, config.batch_ndim))
     sol = result.solution
     steps = ones * float(config.refine_steps) + jnp.where(poor, sol.num_steps, 0).astype(
@@ -130,9 +124,9 @@ def _bwd(f, solver, config, residuals, cotangents):
     del solver
     params, x, z_star, z0, inverse, fwd_rel_residual, probe = residuals
     g = implicit.z_star_cotangent(cotangents)
-    u = _estimate(f, params, x, z_star, g, inverse, config.refine_steps)
-    # One VJP in (params, x, z): the gradient AND J^T u for the residual check.
-    _, vjp_all = jax.vjp(lambda p, xx, z: f(p, xx, z), params, x, z_star)
+    # One VJP in (params, x, z): the refinement steps, the gradient AND J^T u for the check.
+    vjp_all = implicit.linearise(f, params, x, z_star)
+    u = _estimate(vjp_all, g, inverse, config.refine_steps)
     g_params, g_x, jt_u = vjp_all(u)
     rel_res = _relative_residual(g, u, jt_u, config.batch_ndim, tree.reduction_dtype(z_star))
     poor = ~(rel_res <= config.fallback_tol)  # also NaN / inf
@@ -144,9 +138,7 @@ def _bwd(f, solver, config, residuals, cotangents):
     )
     if config.fallback is not None:
         checked = (rel_res, poor, ones)
-        run = functools.partial(
-            _fallback, f, params, x, z_star, g, u, vjp_all, fwd_rel_residual, checked, config
-        )
+        run = functools.partial(_fallback, g, u, vjp_all, fwd_rel_residual, checked, config)
         g_params, g_x, stats = jax.lax.cond(
             jnp.any(poor), lambda _: run(), lambda _: (g_params, g_x, stats), None
         )

@@ -19,13 +19,13 @@ the loop does not nest: the chunked form (:func:`jax.scipy.sparse.linalg.gmres` 
 loop) had five nested loops and took about four times as long to compile.
 
 The accounting is that of a cycle run by :func:`jax.scipy.sparse.linalg.gmres` with one restart
-(``solve_method="batched"``, the form deqjax used before) followed by a check of the true residual: ``n + 3`` evaluations
-charged per cycle (its starting residual, ``n`` Arnoldi products, its final residual, the check),
-written in the trace at each evaluation index of the cycle; the start costs two (``b = f(0)`` and
-``f(z0)``). The arithmetic is that cycle's too (its least squares solved by an SVD rather than
-by normal equations), so the iterates agree with it to float rounding;
-a cycle whose starting residual already meets the target (every running problem's
-``tol × scale``) is skipped, as there.
+(``solve_method="batched"``, the form deqjax used before) followed by a check of the true
+residual: ``n + 3`` evaluations charged per cycle (its starting residual, ``n`` Arnoldi
+products, its final residual, the check), written in the trace at each evaluation index of the
+cycle; the start costs two (``b = f(0)`` and ``f(z0)``). The arithmetic is that cycle's too (its
+least squares solved by an SVD rather than by normal equations), so the iterates agree with it
+to float rounding; a cycle whose starting residual already meets the target (every running
+problem's ``tol × scale``) is skipped, as there.
 """
 
 from __future__ import annotations
