@@ -76,7 +76,7 @@ def _start_cycle(r: PyTree, n: int, run: jax.Array) -> _Cycle:
     ``u`` again)."""
     unit, beta = _normalize(r)
     basis = jax.tree_util.tree_map(
-        lambda a: jnp.zeros(a.shape + (n + 1,), a.dtype).at[..., 0].set(a), unit
+        lambda a: jnp.concatenate([a[..., None], jnp.zeros(a.shape + (n,), a.dtype)], -1), unit
     )
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(r))
     hess = jnp.eye(n, n + 1, dtype=dtype)
@@ -94,15 +94,18 @@ def _arnoldi(c: _Cycle, av: PyTree, k: jax.Array) -> tuple[_Cycle, jax.Array]:
     w = jax.tree_util.tree_map(lambda a, v: a - jnp.dot(v, h, precision=_HIGHEST), av, c.basis)
     eps = jnp.finfo(c.hess.dtype).eps
     unit, w_norm = _normalize(w, thresh=eps * av_norm)
-    basis = jax.tree_util.tree_map(lambda v, u: v.at[..., k + 1].set(u), c.basis, unit)
-    hess = c.hess.at[k, :].set(h.at[k + 1].set(w_norm.astype(h.dtype)))
+    # Masked selects, not .at[k].set: a scatter per update costs more to compile than the rest.
+    slot = jnp.arange(h.shape[0], dtype=k.dtype) == k + 1
+    basis = jax.tree_util.tree_map(lambda v, u: jnp.where(slot, u[..., None], v), c.basis, unit)
+    row = jnp.where(slot, w_norm.astype(h.dtype), h)
+    hess = jnp.where((jnp.arange(c.hess.shape[0], dtype=k.dtype) == k)[:, None], row, c.hess)
     return c._replace(basis=basis, hess=hess), w_norm == 0.0
 
 
 def _cycle_update(c: _Cycle) -> PyTree:
     """``V_n y`` with ``y = argmin ‖β e₁ − H̄ y‖`` (``c.hess`` is ``H̄ᵀ``, row ``k`` holding
     column ``k``; columns not built are unit vectors below the built ones, so their ``y`` is 0)."""
-    rhs = jnp.zeros(c.hess.shape[1], c.hess.dtype).at[0].set(c.beta.astype(c.hess.dtype))
+    rhs = jnp.where(jnp.arange(c.hess.shape[1]) == 0, c.beta.astype(c.hess.dtype), 0.0)
     y = jnp.linalg.lstsq(c.hess.T, rhs)[0]
     return jax.tree_util.tree_map(lambda v: jnp.dot(v[..., :-1], y, precision=_HIGHEST), c.basis)
 
