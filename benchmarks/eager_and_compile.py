@@ -2,6 +2,7 @@
 
     python -m benchmarks.eager_and_compile [--d 32] [--calls 20] [--fresh_calls 4]
     python -m benchmarks.eager_and_compile --smoke     # tiny counts (checks the script)
+    python -m benchmarks.eager_and_compile --long 10000   # one long eager gradient loop
 
 Every library is handed the same function object on repeated calls (the peers key their
 compiled code by it). One problem for every row: ``z = tanh(W z + x)``, one example of size
@@ -196,6 +197,35 @@ def measure(name: str, solve: Callable, d: int, calls: int, fresh_calls: int) ->
     return row
 
 
+def long_loop(n: int, d: int) -> list[str]:
+    """``n`` eager gradients of the deqjax default row in this process: compilations, memory
+    mappings and resident memory at the start and after every tenth of the loop."""
+    w, x = problem(d)
+    solve = ROWS["deqjax Anderson (default)"]()
+    grad = jax.grad(lambda w: jnp.sum(solve(cell, w, x) ** 2))
+    ws = [w * (1.0 + 1e-6 * k) for k in range(7)]  # new values, same shapes, made beforehand
+    jax.block_until_ready(grad(w))
+    lines = [
+        "| calls | compilations | memory mappings | resident MiB | ms per call |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    c0, t0, done = _compiles[0], time.perf_counter(), 0
+    for mark in range(11):
+        while done < n * mark // 10:
+            jax.block_until_ready(grad(ws[done % 7]))
+            done += 1
+        ms = (time.perf_counter() - t0) / max(done, 1) * 1e3
+        lines.append(f"| {done} | {_compiles[0] - c0} | {maps()} | {_rss_mib():.0f} | {ms:.2f} |")
+        print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as fh:
+        kib = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+    return kib / 1024
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d", type=int, default=32)
@@ -203,11 +233,19 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--fresh_calls", type=int, default=4)
     parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--smoke", action="store_true", help="tiny counts: checks the script")
+    parser.add_argument(
+        "--long", type=int, default=0, help="run one loop of this many eager gradients"
+    )
     parser.add_argument("--out", default=None, help="also write the table to this file")
     args = parser.parse_args(argv)
     if args.smoke:
         args.d, args.calls, args.fresh_calls = 8, 2, 1
     jax.monitoring.register_event_duration_secs_listener(_count)
+    if args.long:
+        head = (
+            f"{args.long} eager gradients (deqjax default, d = {args.d}), one process. {machine()}"
+        )
+        return emit([head, "", *long_loop(args.long, args.d)], args.out)
     warm_up()
     rows = []
     for name in args.rows:
