@@ -8,6 +8,7 @@ import jax
 
 from deqjax._src import adjoints, compiled, tree
 from deqjax._src.normalise import as_solver
+from deqjax._src.precision import check_precision, with_precision
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers.solution import Solution
 
@@ -80,6 +81,7 @@ def fixed_point(
     adjoint: adjoints.Adjoint | None = None,
     has_aux: bool = False,
     backward_stats: adjoints.BackwardStats | None = None,
+    precision: str | None = None,
 ) -> tuple[PyTree, Solution]:
     """Solves ``z* = f(params, x, z*)`` and makes ``z*`` differentiable in ``params`` and ``x``.
 
@@ -122,6 +124,10 @@ def fixed_point(
       backward_stats: a :class:`~deqjax.BackwardStats` probe (``dq.BackwardStats.zeros()``), or
         ``None``. Differentiate the loss with respect to it to receive the implicit backward
         solve's statistics as its gradient (the gradient channel; see ``BackwardStats``).
+      precision: the matmul precision of every evaluation of ``f``: in the forward solve, the
+        backward solve and the final VJP (``None``: JAX's default, TF32-class for float32 on
+        NVIDIA GPUs; ``"highest"``: full float32; any value ``jax.default_matmul_precision``
+        accepts). On a GPU, choose ``"highest"`` for tolerances below about 1e-3.
 
     Returns:
       ``(z_star, sol)``, or ``((z_star, aux), sol)`` with ``has_aux``: the fixed point (the
@@ -131,7 +137,8 @@ def fixed_point(
     Raises:
       ValueError: if ``f`` or ``solver`` is not callable, ``adjoint`` is not an adjoint, ``z0``
         is not a float pytree, ``f`` fails on ``z0`` (the message names ``z0``'s and ``x``'s
-        shapes) or changes the state's structure, or ``f`` closes over traced values.
+        shapes) or changes the state's structure, ``f`` closes over traced values, or
+        ``precision`` is not a matmul precision.
 
     Example:
       >>> f = lambda p, x, z: jnp.tanh(p["W"] @ z + x)
@@ -155,7 +162,7 @@ def fixed_point(
             "backward_stats must be a dq.BackwardStats probe (dq.BackwardStats.zeros()) or None, "
             f"got {type(backward_stats).__name__}."
         )
-    static = (solver, adjoint, has_aux)
+    static = (solver, adjoint, has_aux, check_precision(precision))
     args = (params, x, z0, backward_stats)
     out = compiled.run(_run_compiled, f, static, args, traced_operands=False)
     if out is not compiled.NOT_JITTED:
@@ -167,14 +174,15 @@ def fixed_point(
 
 def _run(
     f: CellFn,
-    static: tuple[Any, adjoints.Adjoint, bool],
+    static: tuple[Any, adjoints.Adjoint, bool, str | None],
     params: PyTree,
     x: PyTree,
     z0: PyTree,
     backward_stats: adjoints.BackwardStats | None,
 ) -> tuple[PyTree, Solution]:
     """The solve of :func:`fixed_point` once its arguments are checked (un-jitted)."""
-    solver, adjoint, has_aux = static
+    solver, adjoint, has_aux, precision = static
+    f = with_precision(f, precision)
     cell = (lambda p, xx, z: f(p, xx, z)[0]) if has_aux else f
     kwargs = {} if backward_stats is None else {"backward_stats": backward_stats}
     z_star, sol = adjoint.solve(cell, solver, params, x, z0, **kwargs)
@@ -186,7 +194,7 @@ def _run(
 def _run_compiled(
     make: Callable[[Any], CellFn],
     operands: list[Any],
-    static: tuple[Any, adjoints.Adjoint, bool],
+    static: tuple[Any, adjoints.Adjoint, bool, str | None],
     params: PyTree,
     *rest: Any,
 ) -> tuple[PyTree, Solution]:

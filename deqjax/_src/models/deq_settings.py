@@ -20,6 +20,7 @@ from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src import tree
 from deqjax._src.nn import deq as deq_lib
 from deqjax._src.normalise import as_solver
+from deqjax._src.precision import check_precision
 
 JR_KEYS = ("jr", "jr/frobenius_sq", "jr/applied")
 
@@ -34,6 +35,8 @@ class DEQSettings:
       eval_solver: solver used when ``is_training=False`` (``None``: ``solver``).
       adjoint: the DEQ's gradient strategy (``None``: ``dq.ImplicitAdjoint()``).
       regularizer: JR penalty computed when ``is_training`` (``None``: none).
+      precision: the cell's matmul precision in every evaluation (``None``: JAX's default; see
+        ``dq.nn.DEQ``).
 
     Raises:
       ValueError: for a solver that is not one, or a ``regularizer`` that is not a
@@ -44,8 +47,10 @@ class DEQSettings:
     eval_solver: Any = None
     adjoint: Any = None
     regularizer: jr_lib.JacobianRegularizer | None = None
+    precision: str | None = None
 
     def __post_init__(self):
+        check_precision(self.precision)
         solver = solvers.Anderson() if self.solver is None else self.solver
         object.__setattr__(self, "solver", as_solver(solver, name="solver"))
         if self.eval_solver is not None:
@@ -85,6 +90,7 @@ class DEQSettings:
             solver=self.solver,
             eval_solver=self.eval_solver,
             adjoint=self.adjoint,
+            precision=self.precision,
             name=name,
         )
         out = deq.solve(x, is_training=is_training)

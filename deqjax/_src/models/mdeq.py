@@ -93,6 +93,7 @@ class MDEQClassifier(hk.Module):
         ``None``: ``solver``.
       adjoint: the DEQ's gradient strategy (``None``: ``dq.ImplicitAdjoint()``).
       regularizer: JR penalty computed when ``is_training`` (``None``: none).
+      precision: the DEQ cell's matmul precision (``None``: JAX's default; see ``dq.nn.DEQ``).
       name: Haiku module name.
 
     Raises:
@@ -121,6 +122,7 @@ class MDEQClassifier(hk.Module):
         eval_solver: Any = None,
         adjoint: Any = None,
         regularizer: jr_lib.JacobianRegularizer | None = None,
+        precision: str | None = None,
         name: str | None = None,
     ):
         super().__init__(name=name)
@@ -140,7 +142,9 @@ class MDEQClassifier(hk.Module):
         self.dropout_rate = dropout_rate
         self.stem_stride = stem_stride
         self.head_grid = head_grid
-        self.deq_settings = deq_settings.DEQSettings(solver, eval_solver, adjoint, regularizer)
+        self.deq_settings = deq_settings.DEQSettings(
+            solver, eval_solver, adjoint, regularizer, precision
+        )
 
     def stem(self, images: jax.Array) -> jax.Array:
         """``[B, H, W, C] -> [B, H/s, W/s, channels[0]]``: conv (stride ``s``), GroupNorm, ReLU."""

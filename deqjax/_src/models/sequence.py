@@ -60,6 +60,7 @@ class SequenceBackbone(hk.Module):
       adjoint: the DEQ's gradient strategy (``None``: ``dq.ImplicitAdjoint()``).
       regularizer: JR penalty of the DEQ when ``is_training`` (``None``: none; explicit models
         report zeros).
+      precision: the DEQ cell's matmul precision (``None``: JAX's default; see ``dq.nn.DEQ``).
       name: Haiku module name.
 
     Attributes:
@@ -90,6 +91,7 @@ class SequenceBackbone(hk.Module):
         eval_solver: Any = None,
         adjoint: Any = None,
         regularizer: jr_lib.JacobianRegularizer | None = None,
+        precision: str | None = None,
         name: str | None = None,
     ):
         super().__init__(name=name)
@@ -107,7 +109,9 @@ class SequenceBackbone(hk.Module):
         self.trellis_kernel = trellis_kernel
         self.d_ff = d_ff
         self.ffn_init = ffn_init
-        self.deq_settings = deq_settings.DEQSettings(solver, eval_solver, adjoint, regularizer)
+        self.deq_settings = deq_settings.DEQSettings(
+            solver, eval_solver, adjoint, regularizer, precision
+        )
 
     def _cell(self, name: str | None = None) -> hk.Module:
         return sequence_cells.sequence_cell(

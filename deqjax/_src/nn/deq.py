@@ -85,6 +85,7 @@ from deqjax import solvers
 from deqjax._src import adjoints, checks, tree
 from deqjax._src.nn import batch_modes, per_forward
 from deqjax._src.normalise import accepts_keyword, as_solver
+from deqjax._src.precision import check_precision, with_precision
 
 PyTree = Any
 Cell = Callable[..., PyTree]
@@ -148,11 +149,15 @@ class DEQ(hk.Module):
         parameters, returns ``z* = f(z0)`` (one cell application, so downstream modules get
         correctly shaped inputs) and a Solution with ``num_steps = 0``, ``+inf`` residuals and
         status ``MAX_STEPS`` — compiling the solver for ``init`` would double compile time.
+      precision: the matmul precision of the cell in every evaluation: the forward solve, the
+        backward solve, the final VJP and the cell map ``cell_fn`` (``None``: JAX's default; see
+        :func:`deqjax.fixed_point`). On a GPU, ``"highest"`` for tolerances below about 1e-3.
       name: Haiku module name.
 
     Raises:
       ValueError: if ``cell``, ``solver``, ``eval_solver`` or ``init_state`` is not callable,
-        ``adjoint`` is not a deqjax adjoint, or ``per_example`` is not a bool.
+        ``adjoint`` is not a deqjax adjoint, ``per_example`` is not a bool, or ``precision`` is
+        not a matmul precision.
 
     Example:
       >>> def forward(x, is_training):
@@ -171,6 +176,7 @@ class DEQ(hk.Module):
         per_example: bool = True,
         init_state: Callable[[PyTree], PyTree] | None = None,
         solve_at_init: bool = False,
+        precision: str | None = None,
         name: str | None = None,
     ):
         super().__init__(name=name)
@@ -189,6 +195,7 @@ class DEQ(hk.Module):
         self.cell = cell
         self.init_state = init_state
         self.solve_at_init = solve_at_init
+        self.precision = check_precision(precision)
         self._pass_is_training = accepts_keyword(cell, "is_training")
 
     def initial_state(self, x: PyTree) -> PyTree:
@@ -274,10 +281,12 @@ class DEQ(hk.Module):
         with batch_modes.naming_user_shapes(x, z0, mode):
             lift = hk.lift(cell.init, allow_reuse=True)
             params = lift(init_key, *batch_modes.init_inputs(mode, x, z0))
+        mode_solver = batch_modes.mode_solver(mode, solver)
         solve = batch_modes.solve_batch(
-            cell, batch_modes.mode_solver(mode, solver), self.adjoint, backward_stats
+            cell, mode_solver, self.adjoint, backward_stats, self.precision
         )
         bound = batch_modes.bind(mode, cell, solve, params, x, hk.maybe_next_rng_key())
+        bound = bound._replace(cell_fn=with_precision(bound.cell_fn, self.precision))
         with batch_modes.naming_user_shapes(x, z0, mode):
             if hk.running_init() and not self.solve_at_init:
                 # Skip the solve (compiling it for init would double the compile time): z* :=
