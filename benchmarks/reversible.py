@@ -85,9 +85,9 @@ def time_table(args, lines):
     params, x = tanh_layer(args.d, args.batch, radius=RADIUS, dtype=jnp.float32)
     c = jnp.asarray(np.random.default_rng(1).normal(size=x.shape), jnp.float32)
     rows = {
-        "reversible (β 0.8) + ReversibleAdjoint": (
+        "reversible (β 0.8) + ReversibleAdjoint(checkpoint_every=None)": (
             reversible(beta=BETA, max_steps=50, tol=1e-4),
-            dq.ReversibleAdjoint(),
+            dq.ReversibleAdjoint(checkpoint_every=None),
         ),
         "reversible (β 0.8) + ReversibleAdjoint(checkpoint_every=8)": (
             reversible(beta=BETA, max_steps=50, tol=1e-4),
@@ -137,7 +137,7 @@ def memory_table(args, lines):
     for steps in args.mem_steps:
         row = []
         for adjoint in (
-            dq.ReversibleAdjoint(),
+            dq.ReversibleAdjoint(checkpoint_every=None),
             dq.ReversibleAdjoint(checkpoint_every=8),
             dq.UnrolledAdjoint(),
         ):
@@ -206,7 +206,10 @@ def gradient_table(args, lines):
         errs = {}
         for dtype in (jnp.float32, jnp.float64):
             loss = make_loss(
-                jnp.asarray(x64, dtype), jnp.asarray(c64, dtype), solver, dq.ReversibleAdjoint()
+                jnp.asarray(x64, dtype),
+                jnp.asarray(c64, dtype),
+                solver,
+                dq.ReversibleAdjoint(checkpoint_every=None),
             )
             g, _ = jax.jit(jax.grad(loss, has_aux=True))(cast(p64, dtype))
             g = cast(g, jnp.float64)

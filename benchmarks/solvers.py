@@ -30,6 +30,7 @@ Usage::
     python benchmarks/solvers.py             # full grid: d 128/512/2048, batch 1/32/128
     python benchmarks/solvers.py --dims 512 --radii 1.5 --batches 128 --solvers broyden
     python benchmarks/solvers.py --out benchmarks/solvers.md
+    python benchmarks/solvers.py --quick --precision highest   # full float32 products on a GPU
 """
 
 from __future__ import annotations
@@ -164,9 +165,24 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="d 128/512, batch 128, 3 repeats")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=str, default=None, help="write the markdown table here")
+    parser.add_argument(
+        "--precision",
+        default=None,
+        help="matmul precision of the whole run (jax.default_matmul_precision), e.g. 'highest'; "
+        "default: JAX's (TF32-class products for float32 on NVIDIA GPUs)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.dims, args.batches, args.repeats = [128, 512], [128], 3
+    if args.precision is not None:
+        with jax.default_matmul_precision(args.precision):
+            run(args)
+    else:
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    """The benchmark's table for the parsed ``args``."""
 
     table = {
         k: v
@@ -200,7 +216,8 @@ def main() -> None:
     meta = (
         f"\n{datetime.date.today().isoformat()}, jax {jax.__version__}, "
         f"backend {jax.default_backend()}, {platform.processor() or platform.machine()}, "
-        f"float32, max_steps {args.max_steps}, tol {args.tol:g} (rel), repeats {args.repeats}"
+        f"float32, matmul precision {args.precision or 'default'}, max_steps {args.max_steps}, "
+        f"tol {args.tol:g} (rel), repeats {args.repeats}"
     )
     print(meta)
     if args.out:

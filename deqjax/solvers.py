@@ -25,6 +25,7 @@ from deqjax._src.solvers.solution import (
     DIVERGED,
     MAX_STEPS,
     NONFINITE,
+    STALLED,
     Solution,
     status_name,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "NormalCG",
     "Reversible",
     "ReversibleState",
+    "STALLED",
     "Solution",
     "Solver",
     "anderson",

@@ -95,7 +95,7 @@ def test_forward_value_is_the_same_for_every_adjoint():
             dq.ImplicitAdjoint(),
             dq.PhantomAdjoint(),
             dq.OneStepAdjoint(),
-            dq.UnrolledAdjoint(),
+            dq.UnrolledAdjoint(accelerated=True),
         )
     ]
     for v in values[1:]:
@@ -128,7 +128,9 @@ def test_pytree_params_input_and_state_and_integer_input_leaves():
     unrolled = lambda p, x: loss_unrolled(p, x)  # noqa: E731
 
     def loss_unrolled(p, x):
-        z, _ = dq.fixed_point(f, p, x, z0, solver=solver, adjoint=dq.UnrolledAdjoint())
+        z, _ = dq.fixed_point(
+            f, p, x, z0, solver=solver, adjoint=dq.UnrolledAdjoint(accelerated=True)
+        )
         return jnp.sum(z[0] ** 2) + jnp.sum(jnp.cos(z[1]))
 
     g_unr = jax.jit(jax.grad(unrolled, argnums=(0, 1), allow_int=True))(params, x)
@@ -253,7 +255,9 @@ def test_objects_drive_the_adjoints_that_need_their_solver(obj, fn, adjoint):
     np.testing.assert_allclose(grad(obj), want, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("adjoint", [dq.ImplicitAdjoint(), dq.UnrolledAdjoint()], ids=repr)
+@pytest.mark.parametrize(
+    "adjoint", [dq.ImplicitAdjoint(), dq.UnrolledAdjoint(accelerated=True)], ids=repr
+)
 def test_an_object_solver_gives_the_gradient_of_the_partial(adjoint):
     w, x, z0 = small_problem()
 

@@ -6,6 +6,7 @@ attribute of the cell's ``dot_general`` operations in the lowered program."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -48,12 +49,15 @@ def test_every_product_of_the_cell_has_the_precision(precision, adjoint):
     fallback = dq.solvers.GMRES(restart=5)
     adj = {"implicit": dq.ImplicitAdjoint(fallback=fallback), "unrolled": dq.UnrolledAdjoint()}
     adj = adj[adjoint]
+    solver = dq.solvers.FixedPointIteration(max_steps=30)
 
     def loss(w):
-        z, _ = dq.fixed_point(cell, w, x, jnp.zeros(D, jnp.float32), adjoint=adj, precision=precision)
+        z0 = jnp.zeros(D, jnp.float32)
+        z, _ = dq.fixed_point(cell, w, x, z0, solver=solver, adjoint=adj, precision=precision)
         return jnp.sum(z**2)
 
-    text = jax.jit(jax.grad(loss)).lower(w).as_text()
+    with jax.default_matmul_precision("default"):  # the ambient setting precision= overrides
+        text = jax.jit(jax.grad(loss)).lower(w).as_text()
     dots = _cell_dots(text)
     # forward loop, its residual bookkeeping, the backward loop and the final VJP
     assert len(dots) >= 3
@@ -74,16 +78,15 @@ def test_deq_applies_the_precision_to_every_phase():
     hk = pytest.importorskip("haiku")
 
     def forward(x, precision):
-        deq = dq.nn.DEQ(
-            lambda z, x: jnp.tanh(hk.Linear(D, name="lin")(z) + x), precision=precision
-        )
+        deq = dq.nn.DEQ(lambda z, x: jnp.tanh(hk.Linear(D, name="lin")(z) + x), precision=precision)
         return jnp.sum(deq(x)[0] ** 2)
 
     x = jnp.ones((3, D), jnp.float32)
     for precision in (None, "highest"):
-        model = hk.transform(lambda x: forward(x, precision))
+        model = hk.transform(functools.partial(forward, precision=precision))
         params = model.init(jax.random.PRNGKey(0), x)
-        text = jax.jit(jax.grad(model.apply)).lower(params, None, x).as_text()
+        with jax.default_matmul_precision("default"):
+            text = jax.jit(jax.grad(model.apply)).lower(params, None, x).as_text()
         dots = _cell_dots(text)
         assert len(dots) >= 3
         highest = ["HIGHEST" in line for line in dots]

@@ -60,6 +60,7 @@ PUBLIC = {
         "NormalCG",
         "Reversible",
         "ReversibleState",
+        "STALLED",
         "Solution",
         "Solver",
         "anderson",
@@ -338,8 +339,14 @@ def test_api_md_counts_are_the_public_names():
 def test_solver_names():
     for name in ["fixed_point_iteration", "anderson", "broyden", "reversible", "Solution"]:
         assert callable(getattr(dq.solvers, name))
-    codes = {dq.solvers.CONVERGED, dq.solvers.MAX_STEPS, dq.solvers.DIVERGED, dq.solvers.NONFINITE}
-    assert len(codes) == 4
+    codes = {
+        dq.solvers.CONVERGED,
+        dq.solvers.MAX_STEPS,
+        dq.solvers.DIVERGED,
+        dq.solvers.NONFINITE,
+        dq.solvers.STALLED,
+    }
+    assert codes == {0, 1, 2, 3, 4}  # the first four keep their values (DESIGN.md)
     assert dq.solvers.status_name(dq.solvers.CONVERGED) == "converged"
     contract = {"value", "num_steps", "abs_residual", "rel_residual", "trace", "status"}
     assert contract | {"f_value", "aux"} <= set(dq.solvers.Solution._fields)

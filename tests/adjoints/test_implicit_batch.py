@@ -149,7 +149,7 @@ def test_batch_native_fallback_is_per_example():
 
 @pytest.mark.parametrize(
     "adjoint",
-    [dq.PhantomAdjoint(steps=8), dq.OneStepAdjoint(), dq.UnrolledAdjoint()],
+    [dq.PhantomAdjoint(steps=8), dq.OneStepAdjoint(), dq.UnrolledAdjoint(accelerated=True)],
     ids=["phantom", "one-step", "unrolled"],
 )
 def test_other_adjoints_batch_native_equal_vmap(adjoint):

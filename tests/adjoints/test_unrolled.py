@@ -1,6 +1,8 @@
 """UnrolledAdjoint: backprop through every step of the forward solver.
 
-Through Anderson on a float64 transformer DEQ: Anderson's mixing coefficients come from a tiny
+Anderson and Broyden are refused unless ``accelerated=True`` (the derivative of their steps is not
+the fixed point's). With the flag, through Anderson on a float64 transformer DEQ: Anderson's mixing
+coefficients come from a tiny
 ridge-regularised least-squares solve. Backprop through that solve multiplies rounding errors by up
 to ~1/lam when the residual history is nearly collinear, which happens exactly when a solve
 struggles: the unrolled gradient then came out as 1e17. The coefficients are now under
@@ -31,8 +33,17 @@ def test_unrolled_agrees_with_implicit_when_converged(name, bound):
     p, x = contractive_problem(seed=4)
     solver = functools.partial(SOLVERS[name], tol=1e-12, max_steps=300)
     implicit = tanh_grad(solver, dq.ImplicitAdjoint())(p, x)
-    unrolled = tanh_grad(solver, dq.UnrolledAdjoint())(p, x)
+    unrolled = tanh_grad(solver, dq.UnrolledAdjoint(accelerated=name == "anderson"))(p, x)
     assert rel_err(unrolled, implicit) < bound
+
+
+@pytest.mark.parametrize(
+    "solver", [dq.solvers.Anderson(), dq.solvers.broyden], ids=["Anderson()", "broyden"]
+)
+def test_unrolled_refuses_anderson_and_broyden_and_names_the_alternatives(solver):
+    p, x = contractive_problem()
+    with pytest.raises(ValueError, match="ImplicitAdjoint.*FixedPointIteration.*Reversible"):
+        dq.fixed_point(tanh_cell, p, x, jnp.zeros(5), solver=solver, adjoint=dq.UnrolledAdjoint())
 
 
 def test_unrolled_refuses_solver_without_loop_keyword():
@@ -109,7 +120,7 @@ def _problem(contractive: bool):
 def test_unrolled_anderson_matches_finite_differences_on_float64_transformer():
     directional, finite_difference = _problem(contractive=True)
     solver = functools.partial(dq.solvers.anderson, tol=1e-10, max_steps=100)
-    unrolled, sol = directional(dq.UnrolledAdjoint(), solver)
+    unrolled, sol = directional(dq.UnrolledAdjoint(accelerated=True), solver)
     assert int(sol.status) == dq.solvers.CONVERGED
     implicit, _ = directional(dq.ImplicitAdjoint(), solver)
     fd = finite_difference(functools.partial(dq.solvers.anderson, tol=1e-13, max_steps=200))
@@ -123,7 +134,7 @@ def test_unrolled_anderson_gradient_stays_bounded_when_the_solve_struggles():
     # gradient through the mixing coefficients was -4e17 here (the implicit one is ~1e4).
     directional, _ = _problem(contractive=False)
     solver = functools.partial(dq.solvers.anderson, tol=1e-10, max_steps=100)
-    unrolled, sol = directional(dq.UnrolledAdjoint(), solver)
+    unrolled, sol = directional(dq.UnrolledAdjoint(accelerated=True), solver)
     assert int(sol.status) != dq.solvers.CONVERGED
     implicit, _ = directional(dq.ImplicitAdjoint(), solver)
     assert abs(unrolled) < 100 * abs(implicit)

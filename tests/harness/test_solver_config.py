@@ -18,7 +18,7 @@ def test_each_gradient_name_gives_its_solver_and_adjoint():
         "implicit": ("Anderson", "ImplicitAdjoint"),
         "phantom": ("Anderson", "PhantomAdjoint"),
         "one_step": ("Anderson", "OneStepAdjoint"),
-        "unrolled": ("Anderson", "UnrolledAdjoint"),
+        "unrolled": ("FixedPointIteration", "UnrolledAdjoint"),
         "shine": ("Broyden", "ShineAdjoint"),
         "reversible": ("Reversible", "ReversibleAdjoint"),
     }

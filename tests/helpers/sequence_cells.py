@@ -124,7 +124,7 @@ def check_deq_gradient_and_fixed_masks(make_cell, x, compare_unrolled):
 
     grads = {}
     params = None
-    adjoints = {"implicit": dq.ImplicitAdjoint(), "unrolled": dq.UnrolledAdjoint()}
+    adjoints = {"implicit": dq.ImplicitAdjoint(), "unrolled": dq.UnrolledAdjoint(accelerated=True)}
     if not compare_unrolled:
         del adjoints["unrolled"]
     for name, adjoint in adjoints.items():

@@ -37,9 +37,12 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(WORKER)))
 
 
 def worker_env(num_devices: int = 1) -> dict:
-    """The environment of a worker process: ``num_devices`` CPU devices, JAX's default dtypes."""
+    """The environment of a worker process: ``num_devices`` CPU devices, JAX's default dtypes.
+
+    The CPU backend even on a GPU machine: the fake host devices are CPU devices."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
+    env["JAX_PLATFORMS"] = "cpu"
     env.pop("JAX_ENABLE_X64", None)
     return env
 

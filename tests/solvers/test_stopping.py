@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -218,3 +220,79 @@ def test_judge_without_divergence_test_and_slack():
     first = _judge(full, book, 0.0, 1.0, start=jnp.asarray(0))
     second = _judge(full, first.book, 1.0, 1e7, start=jnp.asarray(1))
     assert int(second.book.status) == solvers.DIVERGED and not bool(second.improved)
+
+
+# --- STALLED: the floor of the arithmetic ------------------------------------------------------
+
+
+def _floor_problem(dtype):
+    """``z = 0.5 cos z + x``: a contraction (rate 0.5) that reaches its dtype's floor in ~25
+    steps; past it the residual only jitters."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=16), dtype)
+    return lambda z: 0.5 * jnp.cos(z) + x, jnp.zeros(16, dtype)
+
+
+@pytest.mark.parametrize("name", ["fpi", "anderson", "broyden", "gmres_on_affine"])
+def test_a_solve_at_its_floor_stops_stalled_and_reports_the_floor(name):
+    """float32, tol 1e-9 (below float32's 1.2e-7): a warning names tol and the dtype; the solve
+    stops STALLED after stall_steps evaluations without a new best, long before max_steps, and
+    reports the lowest residual it saw (the floor), as it is."""
+    f, z0 = _floor_problem(jnp.float32)
+    if name == "gmres_on_affine":
+        a = jnp.asarray(np.random.default_rng(1).normal(size=(16, 16)) / 8.0, jnp.float32)
+        f = lambda u: z0 + 1.0 + a @ u  # noqa: E731
+    make = {
+        "fpi": solvers.FixedPointIteration,
+        "anderson": solvers.Anderson,
+        "broyden": solvers.Broyden,
+        "gmres_on_affine": solvers.GMRES,
+    }[name]
+    with pytest.warns(UserWarning, match=r"tol=1e-09.*float32"):
+        sol = make(tol=1e-9, max_steps=1000)(f, z0)
+    assert int(sol.status) == solvers.STALLED
+    assert int(sol.num_steps) < 300
+    trace = np.asarray(sol.trace)
+    assert float(sol.rel_residual) == pytest.approx(trace.min(), rel=1e-6)
+    assert 1e-9 < float(sol.rel_residual) < 1e-5  # the float32 floor, reported as it is
+    # No new best in the last stall_steps evaluations, a new best just before them.
+    n, best = int(sol.num_steps), int(np.argmin(trace))
+    assert n - (best + 1) >= 30 or name == "gmres_on_affine"
+
+
+def test_stall_steps_none_and_tol_zero_run_the_whole_budget():
+    f, z0 = _floor_problem(jnp.float32)
+    with pytest.warns(UserWarning):
+        off = solvers.FixedPointIteration(tol=1e-9, max_steps=200, stall_steps=None)(f, z0)
+    assert int(off.status) == solvers.MAX_STEPS and int(off.num_steps) == 200
+    zero = solvers.Anderson(tol=0.0, stop_mode="abs", max_steps=200)(f, z0)
+    assert int(zero.num_steps) == 200
+    with pytest.raises(ValueError, match="stall_steps"):
+        solvers.Anderson(stall_steps=0)
+
+
+def test_stalled_is_per_problem_in_a_batch():
+    """One problem at its floor stalls while another, slowly contracting, keeps improving."""
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(2, 16)), jnp.float32)
+    rate = jnp.asarray([[0.5], [0.999]], jnp.float32)  # the second improves at every step
+    f = lambda z: rate * jnp.cos(z) + x  # noqa: E731
+    with pytest.warns(UserWarning):
+        fpi = solvers.FixedPointIteration(tol=1e-9, max_steps=150, batch_ndim=1)
+        sol = fpi(f, jnp.zeros_like(x))
+    status = np.asarray(sol.status)
+    assert status[0] == solvers.STALLED and status[1] == solvers.MAX_STEPS
+    assert int(sol.num_steps[0]) < int(sol.num_steps[1])
+
+
+@pytest.mark.parametrize("dtype,eps", [(jnp.bfloat16, 3.9e-3), (jnp.float16, 9.8e-4)])
+def test_half_precision_tolerance_warns_and_the_floor_is_reported(dtype, eps):
+    f, z0 = _floor_problem(dtype)
+    with pytest.warns(UserWarning, match=rf"tol=0.0001.*{jnp.dtype(dtype).name}"):
+        sol = solvers.Anderson(tol=1e-4, max_steps=300)(f, z0)
+    # At the floor: STALLED long before the budget, or, where f(z) rounds to z exactly in this
+    # dtype, CONVERGED with a zero residual; never the whole budget spent.
+    assert int(sol.status) in (solvers.STALLED, solvers.CONVERGED) and int(sol.num_steps) < 100
+    assert float(sol.rel_residual) < 10 * eps
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a resolvable tolerance does not warn
+        ok = solvers.Anderson(tol=5 * eps, max_steps=300)(f, z0)
+    assert int(ok.status) == solvers.CONVERGED

@@ -206,15 +206,17 @@ def needs_fallback(
 ) -> jax.Array:
     """Where the first backward solve FAILED (per problem).
 
-    ``DIVERGED`` or ``NONFINITE``, or ``MAX_STEPS`` with a best residual (in the solver's own stop
-    mode, from its trace) above ``fallback_above`` AND a relative residual above the forward
-    solve's: a backward that ends as close to its solution as the forward did to ``z*`` is not
-    the weak link of the gradient, and redoing it would not make the gradient exact.
+    ``DIVERGED`` or ``NONFINITE``, or ``MAX_STEPS`` or ``STALLED`` with a best residual (in the
+    solver's own stop mode, from its trace) above ``fallback_above`` AND a relative residual
+    above the forward solve's: a backward that ends as close to its solution as the forward did
+    to ``z*`` is not the weak link of the gradient, and redoing it would not make the gradient
+    exact.
     """
     best_res = jnp.min(first.trace, axis=-1)  # the solver's own residual measure
     broken = (first.status == solution.DIVERGED) | (first.status == solution.NONFINITE)
-    stalled = ~(best_res <= fallback_above) & ~(first.rel_residual <= forward_rel_residual)
-    return broken | ((first.status == solution.MAX_STEPS) & stalled)
+    short = ~(best_res <= fallback_above) & ~(first.rel_residual <= forward_rel_residual)
+    stopped = (first.status == solution.MAX_STEPS) | (first.status == solution.STALLED)
+    return broken | (stopped & short)
 
 
 def _run_fallback(

@@ -33,8 +33,10 @@ def solver_and_adjoint(
 ) -> tuple[dq.solvers.Solver, dq.Adjoint]:
     """``(forward solver, adjoint)`` for the gradient named ``name`` (one of :data:`GRADIENTS`).
 
-    Two gradients need their own forward solver, built with the same ``max_steps``, ``tol`` and
-    ``stop_mode``: ``"shine"`` runs Broyden with ``return_inverse=True`` (SHINE reuses its
+    Three gradients need their own forward solver, built with the same ``max_steps``, ``tol`` and
+    ``stop_mode``: ``"unrolled"`` runs fixed-point iteration (backprop through Anderson's or
+    Broyden's steps is not a gradient of the fixed point, see ``dq.UnrolledAdjoint``),
+    ``"shine"`` runs Broyden with ``return_inverse=True`` (SHINE reuses its
     inverse estimate, no fallback: the estimate's gradient as it is, refined by ``steps``
     adjoint iterations), ``"reversible"`` runs the reversible solver (its ``max_steps`` counts
     ``f`` evaluations, two per step of the paper). The others use Anderson with memory ``m``;
@@ -50,6 +52,8 @@ def solver_and_adjoint(
         return broyden, dq.ShineAdjoint(refine_steps=steps or 0, fallback=None)
     if name == "reversible":
         return dq.solvers.Reversible(**common), dq.ReversibleAdjoint()
+    if name == "unrolled":
+        return dq.solvers.FixedPointIteration(**common), dq.UnrolledAdjoint()
     anderson = dq.solvers.Anderson(m=m, **common)
     if name == "implicit":
         return anderson, dq.ImplicitAdjoint(solver=backward)
@@ -57,8 +61,6 @@ def solver_and_adjoint(
         return anderson, dq.PhantomAdjoint(steps=5 if steps is None else steps, tau=tau)
     if name == "one_step":
         return anderson, dq.OneStepAdjoint()
-    if name == "unrolled":
-        return anderson, dq.UnrolledAdjoint()
     raise ValueError(f"adjoint must be one of {GRADIENTS}, got {name!r}.")
 
 

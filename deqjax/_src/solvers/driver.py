@@ -217,4 +217,5 @@ class DriverSolver(DriverOptions):
     def _run(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
         """Solves ``z = f(z)`` from ``z0`` (see the class's fields for the settings)."""
         problem = check_problem(f, z0, batch_ndim=self.batch_ndim, has_aux=self.has_aux)
+        stopping.check_resolvable(self.tol, self.stop_mode, problem.z0)
         return solve(problem, self, self.rule(problem))

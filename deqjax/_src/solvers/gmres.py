@@ -8,7 +8,10 @@ matrix ``H`` with ``A V_n = V_{n+1} H̄`` (classical Gram–Schmidt against ever
 the unused ones zero); the cycle ends with ``u ← u + V_n y``, ``y`` the least-squares solution of
 ``min ‖β e₁ − H̄ y‖`` (``β = ‖r‖``, :func:`jax.numpy.linalg.lstsq`). An Arnoldi step
 whose new vector vanishes below ``eps ‖A v‖`` (an invariant subspace: ``u + V y`` is exact)
-ends the cycle early.
+ends the cycle early. The Krylov workspace (the basis, ``H̄``, the least squares) is held in the
+problem's reduction dtype: float32 for a bfloat16 or float16 state (a half-precision basis loses
+its orthogonality within a few steps, and LAPACK has no half-precision least squares), float64 for
+float64; the iterate and every argument of ``f`` keep the state's dtype.
 
 Every step of the loop evaluates ``f`` once: at the cycle's first step, at ``u`` (that
 evaluation is judged by the stopping rule, :func:`deqjax._src.solvers.stopping.judge`, and gives
@@ -60,6 +63,16 @@ def _normalize(t: PyTree, thresh: jax.Array | None = None) -> tuple[PyTree, jax.
     scale = norm.astype(dtype)
     unit = jax.tree_util.tree_map(lambda a: jnp.where(use, a / scale, 0.0), t)
     return unit, jnp.where(use, norm, 0.0)
+
+
+def _up(t: PyTree, rdtype: jnp.dtype) -> PyTree:
+    """``t`` in the reduction dtype (float32 for half-precision states, float64 for float64)."""
+    return jax.tree_util.tree_map(lambda a: a.astype(rdtype), t)
+
+
+def _like(t: PyTree, ref: PyTree) -> PyTree:
+    """``t`` in the dtypes of ``ref``'s leaves (the state's own dtype)."""
+    return jax.tree_util.tree_map(lambda a, r: a.astype(r.dtype), t, ref)
 
 
 class _Cycle(NamedTuple):
@@ -138,8 +151,8 @@ def _next_cycle(s: _Setup, u: PyTree, fu: PyTree, book: stopping.Book, scale) ->
     rdtype = s.problem.rdtype
     target = jnp.where(book.running, jnp.asarray(s.rule.tol, rdtype) * scale, jnp.inf)
     atol = jnp.maximum(s.floor, jnp.min(target))
-    # b − A u with A u = u − (f(u) − b): the residual of the linear system.
-    r = tree.tree_sub(s.b, tree.tree_sub(u, tree.tree_sub(fu, s.b)))
+    # b − A u with A u = u − (f(u) − b): the residual of the linear system (in rdtype).
+    r = tree.tree_sub(s.b, tree.tree_sub(_up(u, rdtype), tree.tree_sub(_up(fu, rdtype), s.b)))
     cycle = _start_cycle(r, s.n, jnp.asarray(True))
     return cycle._replace(step=jnp.where(cycle.beta > atol, 1, 0).astype(jnp.int32))
 
@@ -178,10 +191,14 @@ def _arnoldi_step(s: _Setup, c: _Carry, fv: PyTree, v: PyTree) -> _Carry:
     """Arnoldi step ``k = cycle.step − 1`` (``fv = f(V[:, k])``); its last (or an invariant
     subspace) ends the cycle with ``u ← u + V y``."""
     k = c.cycle.step - 1
-    av = tree.tree_sub(v, tree.tree_sub(fv, s.b))  # A v = v − (f(v) − b)
+    av = tree.tree_sub(v, tree.tree_sub(_up(fv, s.problem.rdtype), s.b))  # A v = v − (f(v) − b)
     cycle, invariant = _arnoldi(c.cycle, av, k)
     done = invariant | (k + 1 >= s.n)
-    u = jax.lax.cond(done, lambda: tree.tree_add(c.u, _cycle_update(cycle)), lambda: c.u)
+
+    def update() -> PyTree:
+        return _like(tree.tree_add(_up(c.u, s.problem.rdtype), _cycle_update(cycle)), c.u)
+
+    u = jax.lax.cond(done, update, lambda: c.u)
     return c._replace(u=u, cycle=cycle._replace(step=jnp.where(done, 0, k + 2)))
 
 
@@ -190,7 +207,7 @@ def _body(s: _Setup):
         at_u = c.cycle.step == 0
         column = jnp.maximum(c.cycle.step - 1, 0)
         v = jax.tree_util.tree_map(lambda a: a[..., column], c.cycle.basis)
-        fx, aux = s.problem.fn(tree.tree_where(at_u, c.u, v))
+        fx, aux = s.problem.fn(tree.tree_where(at_u, c.u, _like(v, c.u)))
         return jax.lax.cond(
             at_u, lambda: _judged(s, c, fx, aux), lambda: _arnoldi_step(s, c, fx, v)
         )
@@ -202,7 +219,7 @@ def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
     """Restarted GMRES with cycles of ``n`` Arnoldi steps on the affine ``problem`` (see the
     module docstring), stopping by ``rule`` (:func:`~deqjax._src.solvers.stopping.krylov_rule`)."""
     z0 = problem.z0
-    b, _ = problem.fn(tree.tree_zeros_like(z0))
+    b = _up(problem.fn(tree.tree_zeros_like(z0))[0], problem.rdtype)
     s = _Setup(problem, rule, n, n + 3, b, 0.0 * _norm(b))
     fz0, aux0 = problem.fn(z0)
     book0 = stopping.initial_book(problem.batch_shape, rule.max_steps, problem.rdtype)

@@ -216,6 +216,7 @@ class KrylovSolver(Options):
     def _run(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
         """Solves the affine fixed point ``u = f(u)`` from ``z0``."""
         problem = check_problem(f, z0, batch_ndim=self.batch_ndim, has_aux=self.has_aux)
+        stopping.check_resolvable(self.tol, self.stop_mode, problem.z0)
         return _solve(problem, self, self.method(tree.tree_size(problem.z0)))
 
 

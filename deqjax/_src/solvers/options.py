@@ -68,6 +68,10 @@ class Options(Solver):
       has_aux: ``f`` returns ``(z, aux)``; the solve uses ``z`` and ``Solution.aux`` is the
         ``aux`` at the returned value (with ``batch_ndim``, every leaf of ``aux`` has the batch
         axes).
+      stall_steps: stop with ``STALLED`` when this many evaluations of ``f`` in a row brought no
+        new lowest residual (the floor of the arithmetic, or a stagnating method); ``None``:
+        never (the solve runs to ``tol`` or ``max_steps``; ``tol = 0`` also never stalls: it asks
+        for the whole budget). Default 30.
     """
 
     max_steps: int = 50
@@ -76,6 +80,7 @@ class Options(Solver):
     atol: float | None = None
     batch_ndim: int = 0
     has_aux: bool = False
+    stall_steps: int | None = 30
 
     def __post_init__(self) -> None:
         # A list (e.g. sample_steps read back from JSON) becomes a tuple: the object stays hashable.
@@ -108,6 +113,8 @@ class Options(Solver):
             )
         checks.check_int(self.batch_ndim, "batch_ndim", minimum=0)
         checks.check_bool(self.has_aux, "has_aux")
+        if self.stall_steps is not None:
+            checks.check_positive_int(self.stall_steps, "stall_steps")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,6 @@
 """What a solve returns: the :class:`Solution` and its status codes.
 
-Every deqjax solver returns a :class:`Solution` whose ``status`` is one of four int32 codes, so a
+Every deqjax solver returns a :class:`Solution` whose ``status`` is one of five int32 codes, so a
 solve never raises or prints and runs under ``jit`` and ``vmap``. :func:`status_name` names one
 code; :func:`deqjax.solvers.summarize` counts the codes of a batch.
 """
@@ -19,6 +19,7 @@ CONVERGED = 0
 MAX_STEPS = 1
 DIVERGED = 2
 NONFINITE = 3
+STALLED = 4  # no new lowest residual in the solver's last stall_steps evaluations
 RUNNING = -1
 
 STATUS_NAMES = {
@@ -26,6 +27,7 @@ STATUS_NAMES = {
     MAX_STEPS: "max_steps",
     DIVERGED: "diverged",
     NONFINITE: "nonfinite",
+    STALLED: "stalled",
 }
 
 
@@ -37,7 +39,8 @@ def status_name(status: Any) -> str:
         of a single solve).
 
     Returns:
-      ``"converged"``, ``"max_steps"``, ``"diverged"``, ``"nonfinite"``, or ``"unknown(<code>)"``.
+      ``"converged"``, ``"max_steps"``, ``"diverged"``, ``"nonfinite"``, ``"stalled"``, or
+      ``"unknown(<code>)"``.
 
     Raises:
       ValueError: for an array of codes (a batched solve's ``status``).
@@ -79,7 +82,8 @@ class Solution(NamedTuple):
       rel_residual: ``||f(value) - value|| / ||f(value)||``.
       trace: ``[*batch, max_steps]`` residual (in ``stop_mode``) after each evaluation; ``+inf``
         afterwards.
-      status: int32, one of ``CONVERGED``, ``MAX_STEPS``, ``DIVERGED``, ``NONFINITE``.
+      status: int32, one of ``CONVERGED``, ``MAX_STEPS``, ``DIVERGED``, ``NONFINITE``,
+        ``STALLED``.
       f_value: pytree like ``z0``: ``f(value)``, as evaluated by the solver (no extra evaluation);
         a DEQ readout that needs ``f(z*)`` can use it.
       samples: ``None`` unless the solver has ``sample_steps=(s_1, ..., s_n)``: then a pytree

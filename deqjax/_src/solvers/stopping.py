@@ -18,7 +18,12 @@ Status, checked in this order:
    of the DEQ code), judged on the ABSOLUTE residual in every ``stop_mode``: a blowing-up map
    such as ``z -> 2z + 1`` has a relative residual that tends to a constant and would never trip
    a relative test.
-4. no room left in ``max_steps`` for the next step    -> ``MAX_STEPS``
+4. no new best iterate (see below) in the last ``stall_steps`` evaluations -> ``STALLED``: the
+   residual has reached the floor the arithmetic allows (a half-precision state, TF32 products,
+   a tolerance below float32's resolution) or the method stagnates; the rest of the budget would
+   buy nothing, and the reported residual is that floor. ``stall_steps=None`` turns it off, and
+   so does ``tol = 0`` (a request to run the whole budget).
+5. no room left in ``max_steps`` for the next step    -> ``MAX_STEPS``
 
 The returned ("best") iterate is the one with the lowest ``r_k`` among those whose absolute
 residual is at most twice the lowest absolute residual seen before them (a converged iterate always
@@ -40,12 +45,20 @@ problem, and a problem that has stopped keeps its fields frozen.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from deqjax._src.solvers.solution import CONVERGED, DIVERGED, MAX_STEPS, NONFINITE, RUNNING
+from deqjax._src.solvers.solution import (
+    CONVERGED,
+    DIVERGED,
+    MAX_STEPS,
+    NONFINITE,
+    RUNNING,
+    STALLED,
+)
 
 PyTree = Any
 
@@ -85,11 +98,42 @@ class StoppingRule(NamedTuple):
     best_abs_slack: float | None
     max_steps: int
     batch_ndim: int
+    stall_steps: int | None = None
+
+
+def check_resolvable(tol: float, stop_mode: str, z0: PyTree) -> None:
+    """Warns where a relative ``tol`` is below what the state's dtype can resolve.
+
+    An iterate rounded to a dtype with machine epsilon ``eps`` has a relative residual of about
+    ``eps`` at best (bfloat16: 3.9e-3, float16: 9.8e-4, float32: 1.2e-7), whatever precision
+    the residual is computed in: such a solve ends ``STALLED`` or at ``max_steps``, never
+    ``CONVERGED``. Checked once per trace (static dtypes), so it costs nothing in the loop.
+    """
+    if stop_mode == "abs" or not tol > 0:
+        return
+    dtypes = {jnp.result_type(leaf) for leaf in jax.tree_util.tree_leaves(z0)}
+    floats = [d for d in dtypes if jnp.issubdtype(d, jnp.floating)]
+    if not floats:
+        return
+    coarse = max(floats, key=lambda d: float(jnp.finfo(d).eps))
+    eps = float(jnp.finfo(coarse).eps)
+    if tol < eps:
+        warnings.warn(
+            f"tol={tol:g} (stop_mode={stop_mode!r}) is below the resolution of the state's dtype "
+            f"{jnp.dtype(coarse).name} (eps {eps:.1e}): the solve cannot converge and will end "
+            f"STALLED or at max_steps. Use tol >= {eps:.0e}, or a wider dtype for the state.",
+            stacklevel=2,
+        )
 
 
 def _scale_floor(tol: float, stop_mode: str, atol: float | None) -> float:
     # Mixed mode: ||g|| <= atol + tol ||x||  <=>  ||g|| / (atol / tol + ||x||) <= tol.
     return (tol if atol is None else atol) / tol if stop_mode == "mixed" else 0.0
+
+
+def _stall_steps(options: Any) -> int | None:
+    """The rule's ``stall_steps``: none with ``tol = 0`` (a request to run the whole budget)."""
+    return options.stall_steps if options.tol > 0 else None
 
 
 def fixed_point_rule(options: Any) -> StoppingRule:
@@ -98,7 +142,14 @@ def fixed_point_rule(options: Any) -> StoppingRule:
     o = options
     floor = _scale_floor(o.tol, o.stop_mode, o.atol)
     return StoppingRule(
-        o.tol, o.stop_mode, floor, o.divergence_factor, _BEST_ABS_SLACK, o.max_steps, o.batch_ndim
+        o.tol,
+        o.stop_mode,
+        floor,
+        o.divergence_factor,
+        _BEST_ABS_SLACK,
+        o.max_steps,
+        o.batch_ndim,
+        _stall_steps(o),
     )
 
 
@@ -106,7 +157,9 @@ def krylov_rule(options: Any) -> StoppingRule:
     """The rule of a Krylov solve: no divergence test, the best iterate is the lowest residual."""
     o = options
     floor = _scale_floor(o.tol, o.stop_mode, o.atol)
-    return StoppingRule(o.tol, o.stop_mode, floor, None, None, o.max_steps, o.batch_ndim)
+    return StoppingRule(
+        o.tol, o.stop_mode, floor, None, None, o.max_steps, o.batch_ndim, _stall_steps(o)
+    )
 
 
 class Book(NamedTuple):
@@ -120,7 +173,8 @@ class Book(NamedTuple):
       stats: ``[*batch, 4]``: the best iterate's absolute, relative and ``stop_mode`` residual
         (columns ``BEST_ABS``, ``BEST_REL``, ``BEST_RES``) and the lowest absolute residual seen
         (``MIN_ABS``).
-      counts: int32 ``[*batch, 2]``: status and ``num_steps``.
+      counts: int32 ``[*batch, 3]``: status, ``num_steps`` and the ``num_steps`` at which the
+        best iterate was last replaced (for ``STALLED``).
       trace: ``[*batch, max_steps]``: the residual of each evaluation, ``+inf`` where none.
     """
 
@@ -147,7 +201,8 @@ def initial_book(batch_shape: tuple[int, ...], max_steps: int, rdtype: jnp.dtype
     return Book(
         stats=jnp.full(batch_shape + (4,), jnp.inf, rdtype),
         counts=jnp.stack(
-            [jnp.full(batch_shape, RUNNING, jnp.int32), jnp.zeros(batch_shape, jnp.int32)], -1
+            [jnp.full(batch_shape, RUNNING, jnp.int32)] + [jnp.zeros(batch_shape, jnp.int32)] * 2,
+            -1,
         ),
         trace=jnp.full(batch_shape + (max_steps,), jnp.inf, rdtype),
     )
@@ -210,10 +265,15 @@ class StepUpdate(NamedTuple):
 
 
 def _status(
-    r: Residuals, min_abs: jax.Array, out_of_steps: jax.Array, rule: StoppingRule
+    r: Residuals,
+    min_abs: jax.Array,
+    out_of_steps: jax.Array,
+    stalled: jax.Array | bool,
+    rule: StoppingRule,
 ) -> jax.Array:
-    """CONVERGED / NONFINITE / DIVERGED / MAX_STEPS / RUNNING, in this order of precedence."""
-    status = jnp.where(out_of_steps, MAX_STEPS, RUNNING)
+    """CONVERGED / NONFINITE / DIVERGED / STALLED / MAX_STEPS / RUNNING, in this order of
+    precedence."""
+    status = jnp.where(stalled, STALLED, jnp.where(out_of_steps, MAX_STEPS, RUNNING))
     if rule.divergence_factor is not None:
         # Divergence is judged on the absolute residual in every stop_mode.
         status = jnp.where(r.abs > rule.divergence_factor * min_abs, DIVERGED, status)
@@ -278,7 +338,11 @@ def judge(
         eligible = eligible & (r.abs <= rule.best_abs_slack * min_abs)
     improved = running & (converged | eligible)
     out_of_steps = start + count > rule.max_steps - next_count
-    status = jnp.where(running, _status(r, min_abs, out_of_steps, rule), book.status)
+    steps = running.astype(jnp.int32) if count == 1 else count * running.astype(jnp.int32)
+    num_steps = book.num_steps + steps
+    best_step = jnp.where(improved, num_steps, book.counts[..., 2])
+    stalled = False if rule.stall_steps is None else num_steps - best_step >= rule.stall_steps
+    status = jnp.where(running, _status(r, min_abs, out_of_steps, stalled, rule), book.status)
     column = jnp.where(running & r.finite, r.res, jnp.asarray(jnp.inf, rdtype))
     trace = _write_trace(book.trace, column, start, count, rule.batch_ndim)
     new_min = jnp.where(running & r.finite, jnp.minimum(min_abs, r.abs), min_abs)
@@ -287,8 +351,7 @@ def judge(
         jnp.stack([r.abs, r.rel, r.res, new_min], axis=-1),
         jnp.concatenate([book.stats[..., :3], new_min[..., None]], axis=-1),
     )
-    steps = running.astype(jnp.int32) if count == 1 else count * running.astype(jnp.int32)
-    counts = jnp.stack([status, book.num_steps + steps], axis=-1)
+    counts = jnp.stack([status, num_steps, best_step], axis=-1)
     return StepUpdate(
         running=running,
         still=status == RUNNING,
