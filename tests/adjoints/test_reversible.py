@@ -254,32 +254,42 @@ def test_backward_stats_report_reverse_steps_and_reversal_error():
     assert float(stats.rel_residual) > 0
 
 
-def test_checkpoints_bound_the_float32_reversal_error():
-    """checkpoint_every=m restarts the reverse pass from stored pairs: float32 gradients of a
-    tightly solved problem go from percent-level error (pure reversal) to float32 rounding."""
+def _weighted_problem():
+    """``(params, x, c)`` in float64: a tanh layer (d = 32, scale 0.9) and a batch of 3."""
     p64 = tanh_params(d=32, scale=0.9, seed=11)
     x64 = jnp.asarray(np.random.default_rng(12).normal(size=(3, 32)))
     c64 = jnp.asarray(np.random.default_rng(13).normal(size=(3, 32)))
-    s = solver(tol=1e-5, max_steps=120, batch_ndim=1)
+    return p64, x64, c64
 
-    def grad(p, x, c, adjoint):
-        def loss(p):
-            z, _ = dq.fixed_point(tanh_cell, p, x, jnp.zeros_like(x), solver=s, adjoint=adjoint)
-            return jnp.sum(c * z)
 
-        return jax.jit(jax.grad(loss))(p)
+def _weighted_grad(s, p, x, c, adjoint):
+    """``jit(grad)`` in ``params`` of ``sum(c * z*)``, solved by ``s`` from 0 with ``adjoint``."""
 
-    ref = grad(p64, x64, c64, dq.UnrolledAdjoint())
-    assert rel(grad(p64, x64, c64, dq.ReversibleAdjoint(checkpoint_every=8)), ref) <= 1e-12
+    def loss(p):
+        z, _ = dq.fixed_point(tanh_cell, p, x, jnp.zeros_like(x), solver=s, adjoint=adjoint)
+        return jnp.sum(c * z)
+
+    return jax.jit(jax.grad(loss))(p)
+
+
+def _float32_grads(s, args64, adjoints):
+    """The float32 gradients (as float64) of ``args64`` cast to float32, one per adjoint."""
     with jax.enable_x64(False):
-        p32, x32, c32 = (
-            jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), t)
-            for t in (p64, x64, c64)
-        )
-        g_plain = grad(p32, x32, c32, dq.ReversibleAdjoint(checkpoint_every=None))
-        g_ckpt = grad(p32, x32, c32, dq.ReversibleAdjoint(checkpoint_every=8))
-    err_plain = rel(jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), g_plain), ref)
-    err_ckpt = rel(jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), g_ckpt), ref)
+        args32 = [jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), t) for t in args64]
+        grads = [_weighted_grad(s, *args32, adjoint) for adjoint in adjoints]
+    return [jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), g) for g in grads]
+
+
+def test_checkpoints_bound_the_float32_reversal_error():
+    """checkpoint_every=m restarts the reverse pass from stored pairs: float32 gradients of a
+    tightly solved problem go from percent-level error (pure reversal) to float32 rounding."""
+    args64 = _weighted_problem()
+    s = solver(tol=1e-5, max_steps=120, batch_ndim=1)
+    ref = _weighted_grad(s, *args64, dq.UnrolledAdjoint())
+    ckpt = dq.ReversibleAdjoint(checkpoint_every=8)
+    assert rel(_weighted_grad(s, *args64, ckpt), ref) <= 1e-12
+    plain = dq.ReversibleAdjoint(checkpoint_every=None)
+    err_plain, err_ckpt = (rel(g, ref) for g in _float32_grads(s, args64, [plain, ckpt]))
     assert err_ckpt < 1e-4 and err_ckpt < err_plain / 10, (err_plain, err_ckpt)
 
 
@@ -287,27 +297,12 @@ def test_checkpoints_bound_the_float32_reversal_error():
 def test_default_is_backprop_through_the_steps_at_any_number_of_steps(steps):
     """ReversibleAdjoint() without options: float32 within 1e-4 and float64 within 1e-10 of
     backprop through the same iteration (float64), whether it runs 40 or 160 evaluations."""
-    p64 = tanh_params(d=32, scale=0.9, seed=11)
-    x64 = jnp.asarray(np.random.default_rng(12).normal(size=(3, 32)))
-    c64 = jnp.asarray(np.random.default_rng(13).normal(size=(3, 32)))
+    args64 = _weighted_problem()
     s = solver(tol=0.0, stop_mode="abs", max_steps=steps, batch_ndim=1)
-
-    def grad(p, x, c, adjoint):
-        def loss(p):
-            z, _ = dq.fixed_point(tanh_cell, p, x, jnp.zeros_like(x), solver=s, adjoint=adjoint)
-            return jnp.sum(c * z)
-
-        return jax.jit(jax.grad(loss))(p)
-
-    ref = grad(p64, x64, c64, dq.UnrolledAdjoint())
-    assert rel(grad(p64, x64, c64, dq.ReversibleAdjoint()), ref) <= 1e-10
-    with jax.enable_x64(False):
-        args32 = [
-            jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), t)
-            for t in (p64, x64, c64)
-        ]
-        g32 = grad(*args32, dq.ReversibleAdjoint())
-    assert rel(jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), g32), ref) <= 1e-4
+    ref = _weighted_grad(s, *args64, dq.UnrolledAdjoint())
+    assert rel(_weighted_grad(s, *args64, dq.ReversibleAdjoint()), ref) <= 1e-10
+    (g32,) = _float32_grads(s, args64, [dq.ReversibleAdjoint()])
+    assert rel(g32, ref) <= 1e-4
 
 
 def test_checkpoint_arguments():

@@ -239,6 +239,12 @@ def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
         cycle=_next_cycle(s, z0, fz0, first.book, scale),
     )
     c = jax.lax.while_loop(lambda c: jnp.any(c.book.running), _body(s), init)
+    return solution_of(c, problem)
+
+
+def solution_of(c: Any, problem: Problem) -> Solution:
+    """The :class:`Solution` of a Krylov loop's final carry (fields ``k``, ``best_u``,
+    ``best_fu``, ``best_aux``, ``book``): this loop's and the chunked driver's in ``krylov.py``."""
     return Solution(
         value=c.best_u,
         num_steps=jnp.broadcast_to(c.k, problem.batch_shape).astype(jnp.int32),

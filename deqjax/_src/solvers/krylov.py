@@ -172,16 +172,7 @@ def _run_chunks(problem: Problem, rule: stopping.StoppingRule, method: _Chunks) 
         _chunk_step(problem, rule, method, operators, b),
         init,
     )
-    return Solution(
-        value=c.best_u,
-        num_steps=jnp.broadcast_to(c.k, problem.batch_shape).astype(jnp.int32),
-        abs_residual=c.book.stats[..., stopping.BEST_ABS],
-        rel_residual=c.book.stats[..., stopping.BEST_REL],
-        trace=c.book.trace,
-        status=c.book.status,
-        f_value=c.best_fu,
-        aux=c.best_aux if problem.has_aux else None,
-    )
+    return gmres_lib.solution_of(c, problem)
 
 
 def _chunked(chunk_solve: Callable[..., PyTree], cost: int, needs_transpose: bool) -> _Method:
