@@ -52,7 +52,10 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize(
+    "dtype",
+    ["bfloat16", pytest.param("float16", marks=pytest.mark.slow)],  # f16: the slow lane
+)
 def test_half_precision_implicit_gradient_through_the_gmres_fallback(dtype, solver):
     (p, x), (g_p, g_x, stats) = _half_grad(HALF[dtype], SOLVERS[solver], FORCED_FALLBACK)
     assert jax.tree_util.tree_leaves(g_p)[0].dtype == HALF[dtype]
@@ -90,6 +93,7 @@ def test_every_gradient_strategy_runs_in_bfloat16(adjoint):
     assert _rel((g_p, g_x), want) < bound
 
 
+@pytest.mark.slow  # ~11 s: Haiku tracing of two DEQs
 def test_deq_trains_under_a_jmp_policy_float32_params_bfloat16_compute():
     """Haiku's mixed precision: the cell's parameters stay float32, it computes in bfloat16; the
     DEQ's state is bfloat16 and its gradients reach the float32 parameters, close to a float32

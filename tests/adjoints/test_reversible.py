@@ -293,7 +293,7 @@ def test_checkpoints_bound_the_float32_reversal_error():
     assert err_ckpt < 1e-4 and err_ckpt < err_plain / 10, (err_plain, err_ckpt)
 
 
-@pytest.mark.parametrize("steps", [40, 160])
+@pytest.mark.parametrize("steps", [40, pytest.param(160, marks=pytest.mark.slow)])
 def test_default_is_backprop_through_the_steps_at_any_number_of_steps(steps):
     """ReversibleAdjoint() without options: float32 within 1e-4 and float64 within 1e-10 of
     backprop through the same iteration (float64), whether it runs 40 or 160 evaluations."""
