@@ -19,7 +19,8 @@ the next cycle's residual ``r = b − A u``); at Arnoldi step ``k``, at ``V[:, k
 step share the loop body (the argument of ``f`` is selected, then a ``lax.cond`` applies the
 step's update), so ``f``, a VJP of the cell for the adjoint map, appears once in the program, and
 the loop does not nest: the chunked form (:func:`jax.scipy.sparse.linalg.gmres` inside a chunk
-loop) had five nested loops and took about four times as long to compile.
+loop) had five nested loops, and a fixed-point gradient with it as the fallback took 2.4 s to
+trace and compile on 2 CPU cores, against 1.3–1.9 s with this one (BENCHMARKS.md).
 
 The accounting is that of a cycle run by :func:`jax.scipy.sparse.linalg.gmres` with one restart
 (``solve_method="batched"``, the form deqjax used before) followed by a check of the true
