@@ -409,8 +409,10 @@ def test_implicit_backward_memory_does_not_grow_with_forward_steps():
         return compiled.memory_analysis().temp_size_in_bytes
 
     imp = [temp_bytes(dq.ImplicitAdjoint(), s) for s in (10, 160)]
-    unr = [temp_bytes(dq.UnrolledAdjoint(), s) for s in (10, 160)]
-    assert imp[1] <= imp[0] * 1.05, imp
+    unr = [temp_bytes(dq.UnrolledAdjoint(accelerated=True), s) for s in (10, 160)]
+    # Only the [batch, max_steps] float32 residual trace grows (4 bytes a step and example; x2
+    # for a copy): no state is kept per step.
+    assert imp[1] - imp[0] <= 2 * 150 * batch * 4, imp
     # Unrolled grows roughly linearly: 16x the steps costs at least 8x the memory.
     assert unr[1] >= 8 * unr[0], unr
     assert unr[1] > 10 * imp[1]

@@ -69,11 +69,17 @@ def test_half_precision_implicit_gradient_through_the_gmres_fallback(dtype, solv
     "adjoint",
     [
         dq.ImplicitAdjoint(),
-        dq.PhantomAdjoint(),
-        dq.OneStepAdjoint(),
-        dq.UnrolledAdjoint(),
-        dq.ShineAdjoint(),
         dq.ReversibleAdjoint(),
+        # the slow lane: the approximate gradients and SHINE
+        *(
+            pytest.param(a, marks=pytest.mark.slow)
+            for a in (
+                dq.PhantomAdjoint(),
+                dq.OneStepAdjoint(),
+                dq.UnrolledAdjoint(),
+                dq.ShineAdjoint(),
+            )
+        ),
     ],
     ids=lambda a: type(a).__name__,
 )

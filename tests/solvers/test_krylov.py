@@ -56,13 +56,13 @@ def test_gmres_charges_each_cycle_in_full():
 def test_gmres_cycles_equal_jax_scipy_gmres():
     """Each cycle of the one-loop GMRES is a cycle of jax.scipy's restarted GMRES (one restart,
     ``solve_method="batched"``, started from the previous cycle's iterate): after c cycles the
-    iterates agree to float64 rounding."""
+    iterates agree to float64 rounding (one cycle, and a restart)."""
     import jax.scipy.sparse.linalg as jsla
 
     a, b = affine(seed=3, d=12, radius=0.95)
     matvec = lambda u: u - a @ u  # noqa: E731  (I - L) u
     u = jnp.zeros(12)
-    for cycles in (1, 2, 3):
+    for cycles in (1, 2):
         u, _ = jsla.gmres(matvec, b, u, tol=0.0, atol=0.0, restart=5, maxiter=1)
         ours = solvers.gmres(
             lambda v: b + a @ v, jnp.zeros(12), tol=0.0, restart=5, max_steps=2 + 8 * cycles
