@@ -49,15 +49,10 @@ PyTree = Any
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def _norm(t: PyTree) -> jax.Array:
-    """The Euclidean norm of the whole pytree (every problem of a batch together)."""
-    leaves = jax.tree_util.tree_leaves(t)
-    return jnp.sqrt(sum(jnp.vdot(a, a, precision=_HIGHEST) for a in leaves))
-
-
 def _normalize(t: PyTree, thresh: jax.Array | None = None) -> tuple[PyTree, jax.Array]:
-    """``(t / ‖t‖, ‖t‖)``, or zeros and 0 where ``‖t‖ <= thresh`` (default: the dtype's eps)."""
-    norm = _norm(t)
+    """``(t / ‖t‖, ‖t‖)``, or zeros and 0 where ``‖t‖ <= thresh`` (default: the dtype's eps).
+    The norm is of the whole pytree: every problem of a batch together."""
+    norm = tree.tree_norm(t)
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(t))
     thresh = jnp.finfo(norm.dtype).eps if thresh is None else thresh
     use = norm > jnp.asarray(thresh).astype(dtype)
@@ -85,16 +80,15 @@ class _Cycle(NamedTuple):
     step: jax.Array  # int32: 0 = the next evaluation is at u (judged); k + 1 = Arnoldi step k
 
 
-def _start_cycle(r: PyTree, n: int, run: jax.Array) -> _Cycle:
-    """A cycle from the starting residual ``r``; ``run`` False skips it (the next step judges
-    ``u`` again)."""
+def _start_cycle(r: PyTree, n: int) -> _Cycle:
+    """A cycle from the starting residual ``r``, its next step Arnoldi step 0."""
     unit, beta = _normalize(r)
     basis = jax.tree_util.tree_map(
         lambda a: jnp.concatenate([a[..., None], jnp.zeros(a.shape + (n,), a.dtype)], -1), unit
     )
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(r))
     hess = jnp.eye(n, n + 1, dtype=dtype)
-    return _Cycle(basis, hess, beta, jnp.where(run, 1, 0).astype(jnp.int32))
+    return _Cycle(basis, hess, beta, jnp.asarray(1, jnp.int32))
 
 
 def _arnoldi(c: _Cycle, av: PyTree, k: jax.Array) -> tuple[_Cycle, jax.Array]:
@@ -154,7 +148,8 @@ def _next_cycle(s: _Setup, u: PyTree, fu: PyTree, book: stopping.Book, scale) ->
     atol = jnp.maximum(s.floor, jnp.min(target))
     # b − A u with A u = u − (f(u) − b): the residual of the linear system (in rdtype).
     r = tree.tree_sub(s.b, tree.tree_sub(_up(u, rdtype), tree.tree_sub(_up(fu, rdtype), s.b)))
-    cycle = _start_cycle(r, s.n, jnp.asarray(True))
+    cycle = _start_cycle(r, s.n)
+    # A skipped cycle (step 0): the next step judges u again.
     return cycle._replace(step=jnp.where(cycle.beta > atol, 1, 0).astype(jnp.int32))
 
 
@@ -221,7 +216,7 @@ def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
     module docstring), stopping by ``rule`` (:func:`~deqjax._src.solvers.stopping.krylov_rule`)."""
     z0 = problem.z0
     b = _up(problem.fn(tree.tree_zeros_like(z0))[0], problem.rdtype)
-    s = _Setup(problem, rule, n, n + 3, b, 0.0 * _norm(b))
+    s = _Setup(problem, rule, n, n + 3, b, 0.0 * tree.tree_norm(b))
     fz0, aux0 = problem.fn(z0)
     book0 = stopping.initial_book(problem.batch_shape, rule.max_steps, problem.rdtype)
     # The start costs two evaluations, f(0) and f(z0).
