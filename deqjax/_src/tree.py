@@ -119,6 +119,13 @@ def tree_where(pred: jax.typing.ArrayLike, x: PyTree, y: PyTree, batch_ndim: int
     )
 
 
+def tree_where_finite(x: PyTree, y: PyTree) -> PyTree:
+    """Leafwise ``y`` where ``x`` is finite, else ``x`` (entry by entry)."""
+    return jax.tree_util.tree_map(
+        lambda a, b: jnp.where(jnp.isfinite(a), b, a.astype(b.dtype)), x, y
+    )
+
+
 def tree_zeros_like(x: PyTree) -> PyTree:
     """Zeros with the structure, shapes and dtypes of ``x``."""
     return jax.tree_util.tree_map(jnp.zeros_like, x)

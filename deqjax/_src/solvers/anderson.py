@@ -42,6 +42,28 @@ def _gram_with_row(gram: jax.Array, gs: PyTree, gx: PyTree, hit: jax.Array, bn: 
     return jnp.where(hit_r, row[..., None, :], jnp.where(hit_c, row[..., :, None], gram))
 
 
+def _spd_solve(h: jax.Array, rhs: jax.Array) -> jax.Array:
+    """``h⁻¹ rhs`` for symmetric positive definite ``h`` (``[*batch, m, m]``; ``rhs``
+    ``[*batch, m]``) by Gauss–Jordan elimination without pivoting (stable for SPD matrices).
+
+    A ``fori_loop`` of ``m`` steps on the augmented ``[*batch, m, m + 1]`` system, one fused
+    kernel each: for the small Gram systems of Anderson acceleration it costs a few µs per solver
+    step on CPU, where LAPACK's batched ``potrf`` and two ``trsm`` calls (one call per matrix)
+    cost about 40 µs at ``B = 128, m = 5`` (BENCHMARKS.md, "Loop cost"); it compiles as fast.
+    """
+    m = h.shape[-1]
+    rows = jnp.arange(m).reshape((m, 1))
+
+    def eliminate(j, a):
+        pivot_row = jax.lax.dynamic_slice_in_dim(a, j, 1, a.ndim - 2)  # [*batch, 1, m + 1]
+        pivot_row = pivot_row / jax.lax.dynamic_slice_in_dim(pivot_row, j, 1, a.ndim - 1)
+        column = jax.lax.dynamic_slice_in_dim(a, j, 1, a.ndim - 1)  # [*batch, m, 1]
+        return jnp.where(rows == j, pivot_row, a - column * pivot_row)
+
+    a = jax.lax.fori_loop(0, m, eliminate, jnp.concatenate([h, rhs[..., None]], axis=-1))
+    return a[..., m]
+
+
 def _mixing_weights(
     gram: jax.Array, valid: jax.Array, lam: float, eye: jax.Array, batch_shape: tuple[int, ...]
 ) -> jax.Array:
@@ -56,10 +78,7 @@ def _mixing_weights(
     # Normalised system; unused slots get an identity row and a zero right-hand side.
     h = jnp.where(both, gram / scale[..., None, None] + lam * eye, eye)  # eye: lead + (m, m)
     rhs = jnp.broadcast_to(valid.astype(rdtype), batch_shape + (m,))
-    # h is symmetric positive definite (a Gram matrix plus a ridge, identity rows on unused
-    # slots): a Cholesky solve, which needs no pivoting (LU's row permutation is a small loop of
-    # its own in every step on CPU).
-    y = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(h), rhs[..., None])[..., 0]
+    y = _spd_solve(h, rhs)
     # The mixing coefficients carry no gradient: backprop through the ridge-regularised
     # least-squares solve amplifies rounding errors without bound as lam -> 0 (UnrolledAdjoint
     # then differentiates the iteration with alpha frozen, which still has z* as its fixed point).
@@ -113,20 +132,13 @@ class Anderson(driver.DriverSolver):
             # ([*batch, m, ...] under batch_ndim, see tree.tree_stack_zeros). The slot k % m is
             # shared by every problem (k is the shared step counter, and a running problem has
             # made exactly k steps).
-            ps, gs, gram, pending = state
-            if bn > 0:
-                # Under batch_ndim > 0 the previous step's rows are written FIRST, at its shared
-                # slot, so the carried buffers' only user is an in-place dynamic_update_slice and
-                # every read below sees the updated buffer: XLA then copies no buffer per step.
-                ps = tree.tree_put_row(ps, (k - 1) % m, pending[0], bn)
-                gs = tree.tree_put_row(gs, (k - 1) % m, pending[1], bn)
+            ps, gs, gram = state
             slot = k % m
             hit = (ids == slot).reshape(lead + (m,))  # the row the new iterate replaces
             p = tree.tree_axpy(beta, gx, x)
             # Everything below reads the *old* buffers plus the new row, and the updated buffers
-            # are only written at the end: under vmap the write then fuses with the loop's
-            # per-example select into one pass over each buffer instead of a copy, a select and
-            # a re-read.
+            # are only written at the end, after every read: the write is then in place (under
+            # vmap it fuses with the loop's per-example select into one pass over each buffer).
             gram = _gram_with_row(gram, gs, gx, hit, bn)
             valid = (ids < jnp.minimum(k + 1, m)).reshape(lead + (m,))
             alpha = _mixing_weights(gram, valid, lam, eye, batch_shape)
@@ -134,17 +146,22 @@ class Anderson(driver.DriverSolver):
             alpha_slot = jnp.sum(jnp.where(hit, alpha, 0), axis=-1)  # [*batch]
             rest = tree.tree_combine_rows(jnp.where(hit, 0, alpha), ps, bn)
             mixed = tree.tree_axpy(alpha_slot, p, rest, bn)
-            if bn == 0:
+            if bn == 0:  # k is batched under vmap: a masked select
                 ps, gs = tree.tree_set_row(ps, slot, p), tree.tree_set_row(gs, slot, gx)
-            else:  # written at the start of the next step (see above)
-                pending = (p, gx)
-            return mixed, (ps, gs, gram, pending)
+            else:  # the shared slot, written in place after every read of the buffers
+                # The rows written depend on the mixed iterate (which needs both reads): where
+                # it is not finite they record it (the problem is then NONFINITE anyway). Without
+                # such a dependency XLA may schedule a write before a read, and then copies both
+                # buffers every step (4 passes over [B, m, d] where 2 writes of [B, d] suffice).
+                p = tree.tree_where_finite(mixed, p)
+                g = tree.tree_where_finite(mixed, gx)
+                ps, gs = tree.tree_put_row(ps, slot, p, bn), tree.tree_put_row(gs, slot, g, bn)
+            return mixed, (ps, gs, gram)
 
         state0 = (
             tree.tree_stack_zeros(z0, m, bn),
             tree.tree_stack_zeros(z0, m, bn),
             jnp.zeros(batch_shape + (m, m), problem.rdtype),
-            (tree.tree_zeros_like(z0), tree.tree_zeros_like(z0)) if bn else (),
         )
         return driver.ProposalRule(propose, state0)
 

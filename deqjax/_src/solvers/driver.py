@@ -195,8 +195,8 @@ def solve(problem: Problem, options: DriverOptions, rule: ProposalRule) -> Solut
     return Solution(
         value=c.best_x,
         num_steps=book.num_steps,
-        abs_residual=book.stats[..., stopping.BEST_ABS],
-        rel_residual=book.stats[..., stopping.BEST_REL],
+        abs_residual=book.abs_residual,
+        rel_residual=book.rel_residual,
         trace=book.trace,
         status=book.status,
         f_value=c.best_fx,

@@ -71,62 +71,25 @@ def _like(t: PyTree, ref: PyTree) -> PyTree:
     return jax.tree_util.tree_map(lambda a, r: a.astype(r.dtype), t, ref)
 
 
-class _Cycle(NamedTuple):
-    """The Arnoldi state of the current cycle."""
-
-    basis: PyTree  # leaves [..., n + 1]: V (its columns not yet built are zero)
-    hess: jax.Array  # [n, n + 1]: row k is column k of H̄ (identity rows until built)
-    beta: jax.Array  # ‖r‖ of the cycle's starting residual
-    step: jax.Array  # int32: 0 = the next evaluation is at u (judged); k + 1 = Arnoldi step k
-
-
-def _start_cycle(r: PyTree, n: int) -> _Cycle:
-    """A cycle from the starting residual ``r``, its next step Arnoldi step 0."""
-    unit, beta = _normalize(r)
-    basis = jax.tree_util.tree_map(
-        lambda a: jnp.concatenate([a[..., None], jnp.zeros(a.shape + (n,), a.dtype)], -1), unit
-    )
-    dtype = jnp.result_type(*jax.tree_util.tree_leaves(r))
-    hess = jnp.eye(n, n + 1, dtype=dtype)
-    return _Cycle(basis, hess, beta, jnp.asarray(1, jnp.int32))
-
-
-def _arnoldi(c: _Cycle, av: PyTree, k: jax.Array) -> tuple[_Cycle, jax.Array]:
-    """Arnoldi step ``k`` with ``av = A V[:, k]``: the new basis vector and row ``k`` of
-    ``H``; ``True`` where the new vector vanished (the Krylov space is invariant)."""
-    _, av_norm = _normalize(av)
-    parts = jax.tree_util.tree_map(
-        lambda v, a: jnp.einsum("...n,...->n", v, a, precision=_HIGHEST), c.basis, av
-    )
-    h = jax.tree_util.tree_reduce(jnp.add, parts)
-    w = jax.tree_util.tree_map(lambda a, v: a - jnp.dot(v, h, precision=_HIGHEST), av, c.basis)
-    eps = jnp.finfo(c.hess.dtype).eps
-    unit, w_norm = _normalize(w, thresh=eps * av_norm)
-    # Masked selects, not .at[k].set: a scatter per update costs more to compile than the rest.
-    slot = jnp.arange(h.shape[0], dtype=k.dtype) == k + 1
-    basis = jax.tree_util.tree_map(lambda v, u: jnp.where(slot, u[..., None], v), c.basis, unit)
-    row = jnp.where(slot, w_norm.astype(h.dtype), h)
-    hess = jnp.where((jnp.arange(c.hess.shape[0], dtype=k.dtype) == k)[:, None], row, c.hess)
-    return c._replace(basis=basis, hess=hess), w_norm == 0.0
-
-
-def _cycle_update(c: _Cycle) -> PyTree:
-    """``V_n y`` with ``y = argmin ‖β e₁ − H̄ y‖`` (``c.hess`` is ``H̄ᵀ``, row ``k`` holding
-    column ``k``; columns not built are unit vectors below the built ones, so their ``y`` is 0)."""
-    rhs = jnp.where(jnp.arange(c.hess.shape[1]) == 0, c.beta.astype(c.hess.dtype), 0.0)
-    y = jnp.linalg.lstsq(c.hess.T, rhs)[0]
-    return jax.tree_util.tree_map(lambda v: jnp.dot(v[..., :-1], y, precision=_HIGHEST), c.basis)
+def _cycle_update(basis: PyTree, hess: jax.Array, beta: jax.Array) -> PyTree:
+    """``V_n y`` with ``y = argmin ‖β e₁ − H̄ y‖`` (``hess`` is ``H̄ᵀ``, row ``k`` holding column
+    ``k``; columns not built are unit vectors below the built ones, so their ``y`` is 0)."""
+    rhs = jnp.where(jnp.arange(hess.shape[1]) == 0, beta.astype(hess.dtype), 0.0)
+    y = jnp.linalg.lstsq(hess.T, rhs)[0]
+    return jax.tree_util.tree_map(lambda v: jnp.dot(v[..., :-1], y, precision=_HIGHEST), basis)
 
 
 class _Carry(NamedTuple):
     k: jax.Array  # int32 []: evaluations of f charged so far
+    step: jax.Array  # int32 []: 0 = the next evaluation is at u (judged); j + 1 = Arnoldi step j
     u: PyTree  # the current iterate (the next one judged)
-    scale: jax.Array  # [*batch]: the residual's denominator (1, ||f(u)|| or atol/tol + ||u||)
     best_u: PyTree
     best_fu: PyTree  # f(best_u), kept so that f_value costs no extra evaluation
     best_aux: PyTree  # the aux of f at best_u (() without has_aux)
     book: stopping.Book  # per-problem residuals, status, trace
-    cycle: _Cycle
+    basis: PyTree  # leaves [..., n + 1]: V of the current cycle (columns not yet built are zero)
+    hess: jax.Array  # [n, n + 1]: row j is column j of H̄ (identity rows until built)
+    beta: jax.Array  # ‖r‖ of the cycle's starting residual
 
 
 class _Setup(NamedTuple):
@@ -140,72 +103,81 @@ class _Setup(NamedTuple):
     floor: jax.Array  # 0, or NaN when b is not finite (then no cycle runs)
 
 
-def _next_cycle(s: _Setup, u: PyTree, fu: PyTree, book: stopping.Book, scale) -> _Cycle:
-    """The cycle from ``u`` (``fu = f(u)``), run unless ``‖b − A u‖`` already meets every
-    running problem's target ``tol × scale``."""
-    rdtype = s.problem.rdtype
-    target = jnp.where(book.running, jnp.asarray(s.rule.tol, rdtype) * scale, jnp.inf)
-    atol = jnp.maximum(s.floor, jnp.min(target))
-    # b − A u with A u = u − (f(u) − b): the residual of the linear system (in rdtype).
-    r = tree.tree_sub(s.b, tree.tree_sub(_up(u, rdtype), tree.tree_sub(_up(fu, rdtype), s.b)))
-    cycle = _start_cycle(r, s.n)
-    # A skipped cycle (step 0): the next step judges u again.
-    return cycle._replace(step=jnp.where(cycle.beta > atol, 1, 0).astype(jnp.int32))
-
-
-def _judged(s: _Setup, c: _Carry, fu: PyTree, aux: PyTree) -> _Carry:
-    """A step at ``u``: judge ``f(u)``, keep the best iterate, start the next cycle (from the
-    best iterate where ``f(u)`` is not finite)."""
-    bn = s.problem.batch_ndim
-    step = stopping.judge(
-        c.u,
-        fu,
-        tree.tree_sub(fu, c.u),
-        c.book,
-        s.rule,
-        start=c.k,
-        count=s.cost,
-        next_count=s.cost,
-    )
-    finite, improved = step.residuals.finite, step.improved
-    scale = jnp.where(finite, step.residuals.scale, c.scale)
-    u = tree.tree_where(finite, c.u, c.best_u, bn)
-    f_u = tree.tree_where(finite, fu, c.best_fu, bn)
-    return _Carry(
-        k=c.k + s.cost,
-        u=u,
-        scale=scale,
-        best_u=tree.tree_where(improved, c.u, c.best_u, bn),
-        best_fu=tree.tree_where(improved, fu, c.best_fu, bn),
-        best_aux=tree.tree_where(improved, aux, c.best_aux, bn),
-        book=step.book,
-        cycle=_next_cycle(s, u, f_u, step.book, scale),
-    )
-
-
-def _arnoldi_step(s: _Setup, c: _Carry, fv: PyTree, v: PyTree) -> _Carry:
-    """Arnoldi step ``k = cycle.step − 1`` (``fv = f(V[:, k])``); its last (or an invariant
-    subspace) ends the cycle with ``u ← u + V y``."""
-    k = c.cycle.step - 1
-    av = tree.tree_sub(v, tree.tree_sub(_up(fv, s.problem.rdtype), s.b))  # A v = v − (f(v) − b)
-    cycle, invariant = _arnoldi(c.cycle, av, k)
-    done = invariant | (k + 1 >= s.n)
-
-    def update() -> PyTree:
-        return _like(tree.tree_add(_up(c.u, s.problem.rdtype), _cycle_update(cycle)), c.u)
-
-    u = jax.lax.cond(done, update, lambda: c.u)
-    return c._replace(u=u, cycle=cycle._replace(step=jnp.where(done, 0, k + 2)))
-
-
 def _body(s: _Setup):
+    """One evaluation of ``f`` and what it is for: at ``u`` (``step == 0``) its judgement and the
+    start of the next cycle from the residual ``r = f(u) − u = b − A u``; at ``V[:, j]`` Arnoldi
+    step ``j``: ``A v = v − (f(v) − b)`` orthogonalised against the basis (classical
+    Gram–Schmidt), a new column of ``V`` and of ``H̄``; after the last (or on an invariant
+    subspace) ``u ← u + V y``. The two kinds of step share every kernel, with masks."""
+    problem, rule, n = s.problem, s.rule, s.n
+    bn, rdtype = problem.batch_ndim, problem.rdtype
+    cols = jnp.arange(n + 1, dtype=jnp.int32)
+    eps = jnp.finfo(rdtype).eps
+
     def body_fun(c: _Carry) -> _Carry:
-        at_u = c.cycle.step == 0
-        column = jnp.maximum(c.cycle.step - 1, 0)
-        v = jax.tree_util.tree_map(lambda a: a[..., column], c.cycle.basis)
-        fx, aux = s.problem.fn(tree.tree_where(at_u, c.u, _like(v, c.u)))
-        return jax.lax.cond(
-            at_u, lambda: _judged(s, c, fx, aux), lambda: _arnoldi_step(s, c, fx, v)
+        at_u = c.step == 0
+        j = jnp.maximum(c.step - 1, 0)
+        v = jax.tree_util.tree_map(lambda a: a[..., j], c.basis)
+        x = tree.tree_where(at_u, c.u, _like(v, c.u))
+        fx, aux = problem.fn(x)
+        # The judgement of f(u): the start costs 2 evaluations (b = f(0) and f(z0)), a cycle n + 3.
+        judged = stopping.judge(
+            x,
+            fx,
+            tree.tree_sub(fx, x),
+            c.book,
+            rule,
+            start=c.k,
+            count=jnp.where(c.k == 0, 2, s.cost),
+            next_count=s.cost,
+            active=at_u,
+        )
+        finite, improved, book = judged.residuals.finite, judged.improved, judged.book
+        # A cycle starts from u, or from the best iterate where f(u) is not finite.
+        u = tree.tree_where(finite, c.u, c.best_u, bn)
+        r = tree.tree_sub(_up(tree.tree_where(finite, fx, c.best_fu, bn), rdtype), _up(u, rdtype))
+        av = tree.tree_sub(v, tree.tree_sub(_up(fx, rdtype), s.b))
+        w = tree.tree_where(at_u, r, av)
+        # Classical Gram–Schmidt against the basis (none at a cycle's start).
+        parts = jax.tree_util.tree_map(
+            lambda vs, a: jnp.einsum("...n,...->n", vs, a, precision=_HIGHEST), c.basis, w
+        )
+        h = jnp.where(at_u, 0.0, jax.tree_util.tree_reduce(jnp.add, parts))
+        w = jax.tree_util.tree_map(lambda a, vs: a - jnp.dot(vs, h, precision=_HIGHEST), w, c.basis)
+        # A vector below eps ‖A v‖ is zero: the Krylov space is invariant and u + V y is exact.
+        thresh = jnp.where(at_u, eps, eps * tree.tree_norm(av))
+        unit, w_norm = _normalize(w, thresh)
+        slot = jnp.where(at_u, 0, j + 1)
+        basis = jax.tree_util.tree_map(
+            lambda vs, a: jnp.where(cols == slot, a[..., None], jnp.where(at_u, 0.0, vs)),
+            c.basis,
+            unit,
+        )
+        row = jnp.where(cols == j + 1, w_norm.astype(h.dtype), h)
+        fresh = jnp.eye(n, n + 1, dtype=c.hess.dtype)
+        hess = jnp.where(at_u, fresh, jnp.where((cols[:n] == j)[:, None], row, c.hess))
+        done = ~at_u & ((w_norm == 0.0) | (j + 1 >= n))
+
+        def update() -> PyTree:
+            return _like(tree.tree_add(_up(c.u, rdtype), _cycle_update(basis, hess, c.beta)), c.u)
+
+        u = tree.tree_where(at_u, u, jax.lax.cond(done, update, lambda: c.u))
+        # A cycle is skipped (the next step judges u again) where ‖r‖ already meets the target
+        # of every running problem: each problem's residual is at most ‖r‖.
+        target = jnp.asarray(rule.tol, rdtype) * judged.residuals.scale
+        atol = jnp.maximum(s.floor, jnp.min(jnp.where(book.running, target, jnp.inf)))
+        step = jnp.where(at_u, jnp.where(w_norm > atol, 1, 0), jnp.where(done, 0, j + 2))
+        return _Carry(
+            k=c.k + jnp.where(at_u, jnp.where(c.k == 0, 2, s.cost), 0),
+            step=step.astype(jnp.int32),
+            u=u,
+            best_u=tree.tree_where(improved, x, c.best_u, bn),
+            best_fu=tree.tree_where(judged.take_fx, fx, c.best_fu, bn),
+            best_aux=tree.tree_where(judged.take_fx, aux, c.best_aux, bn),
+            book=book,
+            basis=basis,
+            hess=hess,
+            beta=jnp.where(at_u, w_norm, c.beta),
         )
 
     return body_fun
@@ -214,25 +186,21 @@ def _body(s: _Setup):
 def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
     """Restarted GMRES with cycles of ``n`` Arnoldi steps on the affine ``problem`` (see the
     module docstring), stopping by ``rule`` (:func:`~deqjax._src.solvers.stopping.krylov_rule`)."""
-    z0 = problem.z0
-    b = _up(problem.fn(tree.tree_zeros_like(z0))[0], problem.rdtype)
+    z0, rdtype = problem.z0, problem.rdtype
+    b = _up(problem.fn(tree.tree_zeros_like(z0))[0], rdtype)
     s = _Setup(problem, rule, n, n + 3, b, 0.0 * tree.tree_norm(b))
-    fz0, aux0 = problem.fn(z0)
-    book0 = stopping.initial_book(problem.batch_shape, rule.max_steps, problem.rdtype)
-    # The start costs two evaluations, f(0) and f(z0).
-    first = stopping.judge(
-        z0, fz0, tree.tree_sub(fz0, z0), book0, rule, start=0, count=2, next_count=s.cost
-    )
-    scale = first.residuals.scale
+    basis = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape + (n + 1,), rdtype), z0)
     init = _Carry(
-        k=jnp.asarray(2, jnp.int32),
+        k=jnp.asarray(0, jnp.int32),
+        step=jnp.asarray(0, jnp.int32),
         u=z0,
-        scale=scale,
         best_u=z0,
-        best_fu=fz0,
-        best_aux=aux0,
-        book=first.book,
-        cycle=_next_cycle(s, z0, fz0, first.book, scale),
+        best_fu=z0,
+        best_aux=problem.aux0,
+        book=stopping.initial_book(problem.batch_shape, rule.max_steps, rdtype),
+        basis=basis,
+        hess=jnp.eye(n, n + 1, dtype=rdtype),
+        beta=jnp.zeros((), rdtype),
     )
     c = jax.lax.while_loop(lambda c: jnp.any(c.book.running), _body(s), init)
     return solution_of(c, problem)
@@ -244,8 +212,8 @@ def solution_of(c: Any, problem: Problem) -> Solution:
     return Solution(
         value=c.best_u,
         num_steps=jnp.broadcast_to(c.k, problem.batch_shape).astype(jnp.int32),
-        abs_residual=c.book.stats[..., stopping.BEST_ABS],
-        rel_residual=c.book.stats[..., stopping.BEST_REL],
+        abs_residual=c.book.abs_residual,
+        rel_residual=c.book.rel_residual,
         trace=c.book.trace,
         status=c.book.status,
         f_value=c.best_fu,

@@ -51,6 +51,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from deqjax._src import tree
 from deqjax._src.solvers.solution import (
     CONVERGED,
     DIVERGED,
@@ -72,8 +73,11 @@ _BEST_ABS_SLACK = 2.0
 # Denominator guard of the relative residual: ||f(z) - z|| / (||f(z)|| + _REL_EPS).
 _REL_EPS = 1e-30
 
-# Columns of Book.stats.
-BEST_ABS, BEST_REL, BEST_RES, MIN_ABS = range(4)
+# Columns of Book.scalars: the best iterate's absolute, relative and stop_mode residual, the lowest
+# absolute residual seen, the status code, num_steps, and the num_steps at which the best iterate
+# was last replaced (for STALLED).
+BEST_ABS, BEST_REL, BEST_RES, MIN_ABS, STATUS, NUM_STEPS, BEST_STEP = range(7)
+_N_SCALARS = 7
 
 
 class StoppingRule(NamedTuple):
@@ -165,57 +169,63 @@ def krylov_rule(options: Any) -> StoppingRule:
 class Book(NamedTuple):
     """The per-problem bookkeeping a solver carries through its loop.
 
-    The per-problem scalars are packed into two arrays so that a step updates each in one fused
-    kernel (fewer kernels per step is what matters at small d, where the loop's own per-kernel
-    cost dominates).
+    Every per-problem scalar lives in one array, so that a step updates all of them in one fused
+    kernel (at small ``d`` the loop's cost is its number of kernels, not their size). Status
+    codes and step counts are stored as floats of the reduction dtype: exact for counts below
+    ``2^24`` (float32), far beyond any budget of evaluations.
 
     Attributes:
-      stats: ``[*batch, 4]``: the best iterate's absolute, relative and ``stop_mode`` residual
-        (columns ``BEST_ABS``, ``BEST_REL``, ``BEST_RES``) and the lowest absolute residual seen
-        (``MIN_ABS``).
-      counts: int32 ``[*batch, 3]``: status, ``num_steps`` and the ``num_steps`` at which the
-        best iterate was last replaced (for ``STALLED``).
+      scalars: ``[*batch, 7]``, the columns ``BEST_ABS``, ``BEST_REL``, ``BEST_RES``, ``MIN_ABS``,
+        ``STATUS``, ``NUM_STEPS``, ``BEST_STEP`` (see the module's constants).
       trace: ``[*batch, max_steps]``: the residual of each evaluation, ``+inf`` where none.
     """
 
-    stats: jax.Array
-    counts: jax.Array
+    scalars: jax.Array
     trace: jax.Array
 
     @property
     def status(self) -> jax.Array:
-        return self.counts[..., 0]
+        """int32 ``[*batch]``: the status codes."""
+        return self.scalars[..., STATUS].astype(jnp.int32)
 
     @property
     def num_steps(self) -> jax.Array:
-        return self.counts[..., 1]
+        """int32 ``[*batch]``: evaluations of ``f`` charged."""
+        return self.scalars[..., NUM_STEPS].astype(jnp.int32)
 
     @property
     def running(self) -> jax.Array:
-        return self.counts[..., 0] == RUNNING
+        """bool ``[*batch]``: the problems still running."""
+        return self.scalars[..., STATUS] == RUNNING
+
+    @property
+    def abs_residual(self) -> jax.Array:
+        """``[*batch]``: the best iterate's absolute residual."""
+        return self.scalars[..., BEST_ABS]
+
+    @property
+    def rel_residual(self) -> jax.Array:
+        """``[*batch]``: the best iterate's relative residual."""
+        return self.scalars[..., BEST_REL]
 
 
 def initial_book(batch_shape: tuple[int, ...], max_steps: int, rdtype: jnp.dtype) -> Book:
     """Nothing seen (residuals +inf), every problem running with 0 evaluations, an all-+inf
     trace."""
+    first = jnp.asarray([jnp.inf] * 4 + [RUNNING, 0, 0], rdtype)
     return Book(
-        stats=jnp.full(batch_shape + (4,), jnp.inf, rdtype),
-        counts=jnp.stack(
-            [jnp.full(batch_shape, RUNNING, jnp.int32)] + [jnp.zeros(batch_shape, jnp.int32)] * 2,
-            -1,
-        ),
+        scalars=jnp.broadcast_to(first, batch_shape + (_N_SCALARS,)),
         trace=jnp.full(batch_shape + (max_steps,), jnp.inf, rdtype),
     )
 
 
 def _squared_norms(trees: list[PyTree], batch_ndim: int, dtype: jnp.dtype) -> jax.Array:
-    """``[||t||^2 for t in trees]`` per problem, ``[len(trees), *batch]``, in one reduction."""
-    total = None
-    for leaves in zip(*(jax.tree_util.tree_leaves(t) for t in trees)):
-        stacked = jnp.stack([leaf.astype(dtype) for leaf in leaves])
-        part = jnp.sum(stacked * stacked, axis=tuple(range(1 + batch_ndim, stacked.ndim)))
-        total = part if total is None else total + part
-    return total
+    """``[||t||^2 for t in trees]`` per problem, ``[len(trees), *batch]``.
+
+    One reduction per tree and leaf, each reading its operands where they are: stacking the
+    trees first would copy them into a new buffer (a full extra pass over the state per step).
+    """
+    return jnp.stack([tree.tree_vdot(t, t, batch_ndim) for t in trees])
 
 
 class Residuals(NamedTuple):
@@ -284,15 +294,15 @@ def _status(
 
 
 def _write_trace(
-    trace: jax.Array, column: jax.Array, start: jax.Array, count: int, batch_ndim: int
+    trace: jax.Array, column: jax.Array, start: jax.Array, count: Any, batch_ndim: int
 ) -> jax.Array:
     """``trace`` with ``column`` (``[*batch]``) written at evaluations ``start`` to
-    ``start + count - 1``."""
+    ``start + count - 1`` (``count`` a static int or a traced one)."""
     max_steps = trace.shape[-1]
     ids = jnp.arange(max_steps, dtype=jnp.int32)
-    if count == 1 and batch_ndim > 0:
+    if isinstance(count, int) and count == 1 and batch_ndim > 0:
         return jax.lax.dynamic_update_index_in_dim(trace, column, start, batch_ndim)
-    if count == 1:
+    if isinstance(count, int) and count == 1:
         # A masked select, not .at[k].set: under vmap k is batched and a scatter is slow.
         return jnp.where(ids == start, column, trace)
     ids = ids.reshape((1,) * batch_ndim + (max_steps,))
@@ -308,8 +318,9 @@ def judge(
     rule: StoppingRule,
     *,
     start: jax.Array,
-    count: int = 1,
+    count: int | jax.Array = 1,
     next_count: int = 1,
+    active: jax.Array | None = None,
 ) -> StepUpdate:
     """Judges the evaluation ``fx = f(x)`` (``gx = fx - x``) per problem by the stopping rule.
 
@@ -318,16 +329,21 @@ def judge(
       book: the bookkeeping before this evaluation.
       rule: the stopping rule.
       start: evaluations made before this one (the loop step of a one-evaluation step).
-      count: evaluations this step is charged (static; 1 for a fixed-point step).
+      count: evaluations this step is charged (1 for a fixed-point step; a traced int where the
+        charge varies from step to step).
       next_count: evaluations the next step would cost (static): ``MAX_STEPS`` when they do not
         fit in ``max_steps``.
+      active: a scalar bool, or ``None`` (true): whether this evaluation is judged at all. A loop
+        whose steps are not all judged (GMRES's Arnoldi steps) passes false on the others; the
+        book then comes back unchanged, but for ``+inf`` written at evaluations not yet made.
 
     Returns:
       The :class:`StepUpdate`. Problems that stopped earlier keep their statistics.
     """
     rdtype = book.trace.dtype
-    best_res, min_abs = book.stats[..., BEST_RES], book.stats[..., MIN_ABS]
-    running = book.running
+    old = book.scalars
+    best_res, min_abs = old[..., BEST_RES], old[..., MIN_ABS]
+    running = book.running if active is None else book.running & active
     r = residuals(x, fx, gx, rule, rdtype)
     converged = r.finite & (r.res <= rule.tol)
     # "Best" ranks by stop_mode, but only among iterates whose ABSOLUTE residual is within
@@ -338,26 +354,22 @@ def judge(
         eligible = eligible & (r.abs <= rule.best_abs_slack * min_abs)
     improved = running & (converged | eligible)
     out_of_steps = start + count > rule.max_steps - next_count
-    steps = running.astype(jnp.int32) if count == 1 else count * running.astype(jnp.int32)
-    num_steps = book.num_steps + steps
-    best_step = jnp.where(improved, num_steps, book.counts[..., 2])
+    num_steps = old[..., NUM_STEPS] + jnp.where(running, count, 0).astype(rdtype)
+    best_step = jnp.where(improved, num_steps, old[..., BEST_STEP])
     stalled = False if rule.stall_steps is None else num_steps - best_step >= rule.stall_steps
-    status = jnp.where(running, _status(r, min_abs, out_of_steps, stalled, rule), book.status)
+    status = _status(r, min_abs, out_of_steps, stalled, rule).astype(rdtype)
+    status = jnp.where(running, status, old[..., STATUS])
     column = jnp.where(running & r.finite, r.res, jnp.asarray(jnp.inf, rdtype))
     trace = _write_trace(book.trace, column, start, count, rule.batch_ndim)
     new_min = jnp.where(running & r.finite, jnp.minimum(min_abs, r.abs), min_abs)
-    stats = jnp.where(
-        improved[..., None],
-        jnp.stack([r.abs, r.rel, r.res, new_min], axis=-1),
-        jnp.concatenate([book.stats[..., :3], new_min[..., None]], axis=-1),
-    )
-    counts = jnp.stack([status, num_steps, best_step], axis=-1)
+    best = [jnp.where(improved, new, old[..., i]) for i, new in enumerate((r.abs, r.rel, r.res))]
+    scalars = jnp.stack([*best, new_min, status, num_steps, best_step], axis=-1)
     return StepUpdate(
         running=running,
         still=status == RUNNING,
         improved=improved,
         # f(best_x) is recorded at the first evaluation whatever it is, so f_value = f(value).
         take_fx=improved | (running & (book.num_steps == 0)),
-        book=Book(stats, counts, trace),
+        book=Book(scalars, trace),
         residuals=r,
     )
