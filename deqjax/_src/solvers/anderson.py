@@ -148,13 +148,11 @@ class Anderson(driver.DriverSolver):
             mixed = tree.tree_axpy(alpha_slot, p, rest, bn)
             if bn == 0:  # k is batched under vmap: a masked select
                 ps, gs = tree.tree_set_row(ps, slot, p), tree.tree_set_row(gs, slot, gx)
-            else:  # the shared slot, written in place after every read of the buffers
-                # The rows written depend on the mixed iterate (which needs both reads): where
-                # it is not finite they record it (the problem is then NONFINITE anyway). Without
-                # such a dependency XLA may schedule a write before a read, and then copies both
-                # buffers every step (4 passes over [B, m, d] where 2 writes of [B, d] suffice).
-                p = tree.tree_where_finite(mixed, p)
-                g = tree.tree_where_finite(mixed, gx)
+            else:  # the shared slot, in place, after the reads above
+                # The rows written come out of a barrier with the mixed iterate, which needs
+                # every read of the buffers: XLA then orders the in-place writes after the reads
+                # (a write it could schedule first makes it copy both buffers every step).
+                (p, g), mixed = jax.lax.optimization_barrier(((p, gx), mixed))
                 ps, gs = tree.tree_put_row(ps, slot, p, bn), tree.tree_put_row(gs, slot, g, bn)
             return mixed, (ps, gs, gram)
 

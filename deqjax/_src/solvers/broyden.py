@@ -351,8 +351,8 @@ class Broyden(driver.DriverSolver):
             pending=(zeros, zeros) if bn and not self.line_search else (),
         )
 
-        def propose(s, k, x, fx, gx):
-            del fx
+        def propose(s, k, x, fx, gx, gx_sq):
+            del fx, gx_sq
             return _propose(lay, s, k, x, gx)
 
         finish = (lambda end: _inverse(lay, end)) if self.return_inverse else None

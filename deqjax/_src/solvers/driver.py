@@ -7,15 +7,17 @@ unless the problem stopped asks the rule for ``x_{k+1}``. So ``num_steps`` is ex
 evaluations of ``f``, and no solver holds stopping logic of its own.
 
 A rule (:class:`ProposalRule`) is a function
-``propose(state, k, x, f(x), f(x) - x) -> (x_{k+1}, state)`` and its initial state. A solver that
-must remember more about its best iterate than the iterate itself (the reversible solver keeps the
-pair ``(x_{k-1}, x_k)`` and ``k``, and checkpoints) adds a ``track`` hook, called with each step's
-judgement, and a ``finish`` hook that turns what it kept into extra fields of the
+``propose(state, k, x, f(x), f(x) - x, ||f(x) - x||^2) -> (x_{k+1}, state)`` and its initial
+state (the squared residual norm is the stopping rule's: a rule that needs it reduces nothing).
+A solver that must remember more about its best iterate than the iterate itself (the reversible
+solver keeps the pair ``(x_{k-1}, x_k)`` and ``k``, and checkpoints) adds a ``track`` hook, called
+with each step's judgement, and a ``finish`` hook that turns what it kept into extra fields of the
 :class:`~deqjax.solvers.Solution`.
 
 Batches (``batch_ndim = n``): the leading ``n`` axes of every leaf of ``z0`` index independent
 problems. One loop runs while any problem is running; ``f`` is evaluated on the whole batch once per
-step; every statistic is per problem, and a problem that has stopped keeps its fields frozen. The
+step; every statistic is per problem, and a problem that has stopped keeps its fields frozen (it
+evaluates its best iterate until the loop ends, and nothing of those evaluations is kept). The
 result equals ``jax.vmap`` of the ``batch_ndim=0`` solve (up to float rounding), at the cost of one
 batched loop. No branch raises or prints, so a solve runs under ``jit`` and ``vmap``.
 """
@@ -37,9 +39,10 @@ from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
 
-# propose(state, k, x, fx, gx) -> (next_x, state); gx = fx - x is passed so rules need not recompute
-# it. k is the shared step counter (a scalar int32 under batch_ndim > 0).
-ProposeFn = Callable[[Any, jax.Array, PyTree, PyTree, PyTree], tuple[PyTree, Any]]
+# propose(state, k, x, fx, gx, gx_sq) -> (next_x, state); gx = fx - x and its squared norm per
+# problem gx_sq (no gradient) are passed so rules need not recompute them. k is the shared step
+# counter (a scalar int32 under batch_ndim > 0).
+ProposeFn = Callable[[Any, jax.Array, PyTree, PyTree, PyTree, jax.Array], tuple[PyTree, Any]]
 
 
 class LoopEnd(NamedTuple):
@@ -56,7 +59,7 @@ class ProposalRule(NamedTuple):
     """A proposal rule and its optional hooks.
 
     Attributes:
-      propose: ``(state, k, x, fx, gx) -> (next_x, state)``.
+      propose: ``(state, k, x, fx, gx, gx_sq) -> (next_x, state)``.
       state0: the rule's initial state.
       track: ``(extra, step, k, x, state) -> extra``: called at each step with the
         :class:`~deqjax._src.solvers.stopping.StepUpdate` judging ``x`` and the rule's state
@@ -136,15 +139,20 @@ def _body(problem: Problem, options: DriverOptions, rule: ProposalRule, sample_i
         gx = tree.tree_sub(fx, c.x)
         u = stopping.judge(c.x, fx, gx, c.book, srule, start=c.k)
         extra = c.extra if rule.track is None else rule.track(c.extra, u, c.k, c.x, c.state)
-        next_x, state = rule.propose(c.state, c.k, c.x, fx, gx)
+        next_x, state = rule.propose(c.state, c.k, c.x, fx, gx, u.residuals.abs_sq)
         samples = c.samples
         if sample_ids is not None:
             samples = _record_sample(samples, sample_ids, c.k, u.running, c.x, bn)
+        best_x = tree.tree_where(u.improved, c.x, c.best_x, bn)
         return _Carry(
             k=c.k + 1,
-            x=tree.tree_where(u.still, next_x, c.x, bn),
+            # A problem that stopped evaluates its best iterate from now on (its fields are
+            # frozen, so the value is never used). Reading best_x here also orders every read of
+            # the old x before the new x is written: XLA then updates x in place, where a
+            # write it could schedule before the best-iterate select costs a copy of x per step.
+            x=tree.tree_where(u.still, next_x, best_x, bn),
             state=state,
-            best_x=tree.tree_where(u.improved, c.x, c.best_x, bn),
+            best_x=best_x,
             best_fx=tree.tree_where(u.take_fx, fx, c.best_fx, bn),
             best_aux=tree.tree_where(u.take_fx, aux, c.best_aux, bn),
             book=u.book,

@@ -42,8 +42,8 @@ class FixedPointIteration(driver.DriverSolver):
     def rule(self, problem: Problem) -> driver.ProposalRule:
         damping = self.damping
 
-        def propose(state, k, x, fx, gx):
-            del k, fx
+        def propose(state, k, x, fx, gx, gx_sq):
+            del k, fx, gx_sq
             return tree.tree_axpy(damping, gx, x), state
 
         return driver.ProposalRule(propose, ())

@@ -232,6 +232,7 @@ class Residuals(NamedTuple):
     """The residuals of one evaluation ``fx = f(x)``, per problem (``[*batch]`` each)."""
 
     abs: jax.Array  # ||f(x) - x||
+    abs_sq: jax.Array  # ||f(x) - x||^2, as reduced (a rule that needs it reads it here)
     rel: jax.Array  # ||f(x) - x|| / (||f(x)|| + _REL_EPS)
     res: jax.Array  # by stop_mode
     scale: jax.Array  # the denominator of res: 1, ||f(x)|| or atol / tol + ||x||
@@ -246,7 +247,8 @@ def residuals(
     Residuals steer the loop but are not differentiated (sqrt has no derivative at 0).
     """
     trees = [gx, fx, x] if rule.stop_mode == "mixed" else [gx, fx]
-    norms = jnp.sqrt(jax.lax.stop_gradient(_squared_norms(trees, rule.batch_ndim, rdtype)))
+    squares = jax.lax.stop_gradient(_squared_norms(trees, rule.batch_ndim, rdtype))
+    norms = jnp.sqrt(squares)
     abs_res, fx_norm = norms[0], norms[1]
     rel_res = abs_res / (fx_norm + jnp.asarray(_REL_EPS, rdtype))
     if rule.stop_mode == "rel":
@@ -260,7 +262,7 @@ def residuals(
     # separate pass over f(x) (a norm that overflows also counts as non-finite). CONVERGED
     # requires finiteness too: an overflowing ||f(x)|| would otherwise give rel_res = 0.
     finite = jnp.isfinite(abs_res) & jnp.isfinite(fx_norm) & jnp.isfinite(res)
-    return Residuals(abs_res, rel_res, res, scale, finite)
+    return Residuals(abs_res, squares[0], rel_res, res, scale, finite)
 
 
 class StepUpdate(NamedTuple):
