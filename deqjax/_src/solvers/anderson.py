@@ -33,11 +33,13 @@ from deqjax._src.solvers.solution import Solution
 PyTree = Any
 
 
-def _gram_with_row(gram: jax.Array, gs: PyTree, gx: PyTree, hit: jax.Array, bn: int) -> jax.Array:
+def _gram_with_row(
+    gram: jax.Array, gs: PyTree, gx: PyTree, gx_sq: jax.Array, hit: jax.Array, bn: int
+) -> jax.Array:
     """``gram`` (``[*batch, m, m]``) with the row and column of slot ``hit`` set to
-    ``<G_i, gx>`` (the slot's own entry ``<gx, gx>``): the new iterate replaces that slot."""
-    gg = tree.tree_vdot(gx, gx, bn)[..., None]  # [*batch, 1]
-    row = jnp.where(hit, gg, tree.tree_rows_vdot(gs, gx, bn))  # [*batch, m]
+    ``<G_i, gx>`` (the slot's own entry ``gx_sq = <gx, gx>``, the stopping rule's): the new
+    iterate replaces that slot."""
+    row = jnp.where(hit, gx_sq[..., None], tree.tree_rows_vdot(gs, gx, bn))  # [*batch, m]
     hit_r, hit_c = hit[..., :, None], hit[..., None, :]
     return jnp.where(hit_r, row[..., None, :], jnp.where(hit_c, row[..., :, None], gram))
 
@@ -126,7 +128,7 @@ class Anderson(driver.DriverSolver):
         eye = jnp.eye(m, dtype=problem.rdtype).reshape(lead + (m, m))
         ids = jnp.arange(m, dtype=jnp.int32)
 
-        def propose(state, k, x, fx, gx):
+        def propose(state, k, x, fx, gx, gx_sq):
             del fx
             # ps[i] = x_i + beta * G_i (the rows that are mixed), gs[i] = G_i: [m, ...] each
             # ([*batch, m, ...] under batch_ndim, see tree.tree_stack_zeros). The slot k % m is
@@ -139,7 +141,7 @@ class Anderson(driver.DriverSolver):
             # Everything below reads the *old* buffers plus the new row, and the updated buffers
             # are only written at the end, after every read: the write is then in place (under
             # vmap it fuses with the loop's per-example select into one pass over each buffer).
-            gram = _gram_with_row(gram, gs, gx, hit, bn)
+            gram = _gram_with_row(gram, gs, gx, gx_sq, hit, bn)
             valid = (ids < jnp.minimum(k + 1, m)).reshape(lead + (m,))
             alpha = _mixing_weights(gram, valid, lam, eye, batch_shape)
             # sum_i alpha_i (x_i + beta G_i), with the slot's row taken from the new iterate.
@@ -148,11 +150,13 @@ class Anderson(driver.DriverSolver):
             mixed = tree.tree_axpy(alpha_slot, p, rest, bn)
             if bn == 0:  # k is batched under vmap: a masked select
                 ps, gs = tree.tree_set_row(ps, slot, p), tree.tree_set_row(gs, slot, gx)
-            else:  # the shared slot, in place, after the reads above
-                # The rows written come out of a barrier with the mixed iterate, which needs
-                # every read of the buffers: XLA then orders the in-place writes after the reads
-                # (a write it could schedule first makes it copy both buffers every step).
-                (p, g), mixed = jax.lax.optimization_barrier(((p, gx), mixed))
+            else:  # the shared slot, written in place after every read of the buffers
+                # The rows written depend on the mixed iterate (which needs both reads): where
+                # it is not finite they record it (the problem is then NONFINITE anyway). Without
+                # such a dependency XLA may schedule a write before a read, and then copies both
+                # buffers every step (4 passes over [B, m, d] where 2 writes of [B, d] suffice).
+                p = tree.tree_where_finite(mixed, p)
+                g = tree.tree_where_finite(mixed, gx)
                 ps, gs = tree.tree_put_row(ps, slot, p, bn), tree.tree_put_row(gs, slot, g, bn)
             return mixed, (ps, gs, gram)
 
