@@ -34,12 +34,15 @@ PyTree = Any
 
 
 def _gram_with_row(
-    gram: jax.Array, gs: PyTree, gx: PyTree, gx_sq: jax.Array, hit: jax.Array, bn: int
+    gram: jax.Array, gs: PyTree, gx: PyTree, gx_sq: jax.Array | None, hit: jax.Array, bn: int
 ) -> jax.Array:
     """``gram`` (``[*batch, m, m]``) with the row and column of slot ``hit`` set to
-    ``<G_i, gx>`` (the slot's own entry ``gx_sq = <gx, gx>``, the stopping rule's): the new
-    iterate replaces that slot."""
-    row = jnp.where(hit, gx_sq[..., None], tree.tree_rows_vdot(gs, gx, bn))  # [*batch, m]
+    ``<G_i, gx>``: the new iterate replaces that slot. Its own entry ``<gx, gx>`` is ``gx_sq``
+    (the stopping rule's), or, with ``gx_sq=None``, read from ``gs`` (which then holds ``gx`` in
+    that slot)."""
+    row = tree.tree_rows_vdot(gs, gx, bn)  # [*batch, m]
+    if gx_sq is not None:
+        row = jnp.where(hit, gx_sq[..., None], row)
     hit_r, hit_c = hit[..., :, None], hit[..., None, :]
     return jnp.where(hit_r, row[..., None, :], jnp.where(hit_c, row[..., :, None], gram))
 
@@ -137,27 +140,26 @@ class Anderson(driver.DriverSolver):
             ps, gs, gram = state
             slot = k % m
             hit = (ids == slot).reshape(lead + (m,))  # the row the new iterate replaces
-            p = tree.tree_axpy(beta, gx, x)
-            # Everything below reads the *old* buffers plus the new row, and the updated buffers
-            # are only written at the end, after every read: the write is then in place (under
-            # vmap it fuses with the loop's per-example select into one pass over each buffer).
-            gram = _gram_with_row(gram, gs, gx, gx_sq, hit, bn)
             valid = (ids < jnp.minimum(k + 1, m)).reshape(lead + (m,))
+            p = tree.tree_axpy(beta, gx, x)
+            if bn > 0:
+                # The shared slot is written first, in place, and every read below sees the
+                # updated buffers: the reads then come after the writes in XLA's dependency
+                # order, so neither buffer (nor x, read by the write) is copied.
+                ps, gs = tree.tree_put_row(ps, slot, p, bn), tree.tree_put_row(gs, slot, gx, bn)
+                gram = _gram_with_row(gram, gs, gx, None, hit, bn)
+                alpha = _mixing_weights(gram, valid, lam, eye, batch_shape)
+                return tree.tree_combine_rows(alpha, ps, bn), (ps, gs, gram)
+            # k is batched under vmap: everything reads the *old* buffers plus the new row, and
+            # the masked-select writes come last (they fuse with the loop's per-example select
+            # into one pass over each buffer).
+            gram = _gram_with_row(gram, gs, gx, gx_sq, hit, bn)
             alpha = _mixing_weights(gram, valid, lam, eye, batch_shape)
             # sum_i alpha_i (x_i + beta G_i), with the slot's row taken from the new iterate.
             alpha_slot = jnp.sum(jnp.where(hit, alpha, 0), axis=-1)  # [*batch]
             rest = tree.tree_combine_rows(jnp.where(hit, 0, alpha), ps, bn)
             mixed = tree.tree_axpy(alpha_slot, p, rest, bn)
-            if bn == 0:  # k is batched under vmap: a masked select
-                ps, gs = tree.tree_set_row(ps, slot, p), tree.tree_set_row(gs, slot, gx)
-            else:  # the shared slot, written in place after every read of the buffers
-                # The rows written depend on the mixed iterate (which needs both reads): where
-                # it is not finite they record it (the problem is then NONFINITE anyway). Without
-                # such a dependency XLA may schedule a write before a read, and then copies both
-                # buffers every step (4 passes over [B, m, d] where 2 writes of [B, d] suffice).
-                p = tree.tree_where_finite(mixed, p)
-                g = tree.tree_where_finite(mixed, gx)
-                ps, gs = tree.tree_put_row(ps, slot, p, bn), tree.tree_put_row(gs, slot, g, bn)
+            ps, gs = tree.tree_set_row(ps, slot, p), tree.tree_set_row(gs, slot, gx)
             return mixed, (ps, gs, gram)
 
         state0 = (
