@@ -114,7 +114,6 @@ class _State(NamedTuple):
     direction: PyTree  # the quasi-Newton step -J^{-1} g(x_base) from x_base
     step: jax.Array  # [*batch]: line-search step size s of the iterate being evaluated
     backtracks: jax.Array  # int32 [*batch]: halvings made along the current direction
-    pending: Any  # batch_ndim > 0, no line search: (u, v) of the last update, written next step
 
 
 class _Layout(NamedTuple):
@@ -140,9 +139,8 @@ class _Rows(NamedTuple):
     n_rows: Any  # a bound on the filled rows (blocked reads), else None
 
 
-def _current_rows(s: _State, k: jax.Array, lay: _Layout) -> tuple[_State, _Rows]:
-    """The rows of the current inverse (and, batch-native without line search, the state with the
-    previous update written first).
+def _current_rows(s: _State, k: jax.Array, lay: _Layout) -> _Rows:
+    """The rows of the current inverse.
 
     When the memory is full the inverse restarts from -I (rows are masked out, not cleared): each
     stored pair (u_i, v_i) was derived from the inverse made of the pairs before it, so evicting
@@ -154,21 +152,12 @@ def _current_rows(s: _State, k: jax.Array, lay: _Layout) -> tuple[_State, _Rows]
         pos = s.num_updates % lay.mem  # [*batch]: accepted steps differ per problem
         restart = (pos == 0) & (s.num_updates > 0)
         valid = lay.ids.reshape(lay.lead + (lay.rows,)) < pos[..., None]
-        return s, _Rows(pos, restart, valid, jnp.max(pos) if lay.blocked else None)
+        return _Rows(pos, restart, valid, jnp.max(pos) if lay.blocked else None)
     # Every step after the first is an accepted step: the position (k - 1) % mem is shared.
     pos = jnp.maximum(k - 1, 0) % lay.mem
-    if lay.bn > 0:
-        # The previous update's rows are written FIRST (at its shared position), so the carried
-        # buffers' only user is an in-place dynamic_update_slice and the reads below see the
-        # updated buffers: XLA then copies no buffer per step.
-        prev = jnp.maximum(k - 2, 0) % lay.mem
-        s = s._replace(
-            us=tree.tree_put_row(s.us, prev, s.pending[0], lay.bn),
-            vs=tree.tree_put_row(s.vs, prev, s.pending[1], lay.bn),
-        )
     restart = (pos == 0) & (k > 1)
     valid = (lay.ids < pos).reshape(lay.lead + (lay.rows,))
-    return s, _Rows(pos, restart, valid, pos if lay.blocked else None)
+    return _Rows(pos, restart, valid, pos if lay.blocked else None)
 
 
 def _good_update(s: _State, r: _Rows, k: jax.Array, x: PyTree, gx: PyTree, lay: _Layout):
@@ -200,10 +189,16 @@ def _store(s: _State, r: _Rows, k, accept, ok, u: PyTree, v: PyTree, lay: _Layou
         us = tree.tree_set_row(s.us, jnp.where(write, r.pos, -1), u, lay.bn)
         vs = tree.tree_set_row(s.vs, jnp.where(write, r.pos, -1), v, lay.bn)
         return us, vs, s.num_updates + write.astype(jnp.int32)
-    if lay.bn == 0:
+    if lay.bn == 0:  # k is batched under vmap: a masked select
         us, vs = tree.tree_set_row(s.us, r.pos, u), tree.tree_set_row(s.vs, r.pos, v)
-    else:  # the shared row, written at the start of the next step (see _current_rows)
-        us, vs = s.us, s.vs
+    else:
+        # The shared row, in place, after every read of the buffers. u is computed from all of
+        # them; v is written where u is finite (where it is not, the row records u's non-finite
+        # entries: the inverse is broken either way) so that it depends on them too. Without
+        # that, XLA may schedule a write before a read, and then copies a buffer every step.
+        v = tree.tree_where_finite(u, v)
+        us = tree.tree_put_row(s.us, r.pos, u, lay.bn)
+        vs = tree.tree_put_row(s.vs, r.pos, v, lay.bn)
     return us, vs, s.num_updates + ok.astype(jnp.int32)
 
 
@@ -219,14 +214,13 @@ def _propose(lay: _Layout, s: _State, k: jax.Array, x: PyTree, gx: PyTree):
     from ``x_base`` instead)."""
     bn = lay.bn
     accept = _armijo_accepts(s, k, gx, bn) if lay.line_search else jnp.asarray(True)
-    s, r = _current_rows(s, k, lay)
+    r = _current_rows(s, k, lay)
     u, v, ok, jinv_g = _good_update(s, r, k, x, gx, lay)
     us, vs, num_updates = _store(s, r, k, accept, ok, u, v, lay)
     # New direction -J_new^{-1} g with J_new^{-1} g = J^{-1} g + u (v^T g).
     direction = tree.tree_scale(-1.0, tree.tree_axpy(tree.tree_vdot(v, gx, bn), u, jinv_g, bn), bn)
     if not lay.line_search:
         # Every step is accepted (step stays 1, backtracks 0).
-        pending = (u, v) if bn > 0 else ()
         accepted = s._replace(
             us=us,
             vs=vs,
@@ -234,7 +228,6 @@ def _propose(lay: _Layout, s: _State, k: jax.Array, x: PyTree, gx: PyTree):
             x_base=x,
             g_base=gx,
             direction=direction,
-            pending=pending,
         )
         return tree.tree_add(x, direction), accepted
     half = s.step / 2
@@ -267,12 +260,9 @@ def _inverse(lay: _Layout, end: driver.LoopEnd) -> dict[str, BroydenInverse]:
     # (row 0 for a single step), and its current rows are 0 .. that row.
     last = jnp.maximum(num_steps - 2, 0) % mem
     if lay.bn > 0:
-        # The loop's last update is still pending: write it. A problem that stopped before the
-        # loop's last step had zero rows (no update: its iterate no longer moves) written after
-        # its own rows; if they wrapped around onto its rows, its estimate restarts from -I.
-        k_last = jnp.maximum(k - 2, 0) % mem
-        us = tree.tree_put_row(us, k_last, s.pending[0], lay.bn)
-        vs = tree.tree_put_row(vs, k_last, s.pending[1], lay.bn)
+        # A problem that stopped before the loop's last step had zero rows (no update: its
+        # iterate no longer moves) written after its own rows; if they wrapped around onto its
+        # rows, its estimate restarts from -I.
         intact = (k - num_steps) <= mem - 1 - last
         last = jnp.where(intact, last, -1)
     return {"inverse_estimate": BroydenInverse(us, vs, ids <= last[..., None])}
@@ -348,7 +338,6 @@ class Broyden(driver.DriverSolver):
             direction=zeros,
             step=jnp.ones(lay.batch_shape, lay.rdtype),
             backtracks=jnp.zeros(lay.batch_shape, jnp.int32),
-            pending=(zeros, zeros) if bn and not self.line_search else (),
         )
 
         def propose(s, k, x, fx, gx, gx_sq):
