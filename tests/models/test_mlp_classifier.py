@@ -22,7 +22,7 @@ def test_recurrent_init_families():
 def _classifier(per_example):
     def forward(images):
         model = dq.models.MLPClassifier(
-            6, 3, solver=dq.solvers.Anderson(max_steps=30, tol=1e-6), per_example=per_example
+            6, 3, solver=dq.solvers.Anderson(max_steps=100, tol=1e-6), per_example=per_example
         )
         logits, out = model(images)
         return logits, out.z_star, out.solution, out.f_star, out.cell_fn(out.z_star)

@@ -14,13 +14,16 @@ its orthogonality within a few steps, and LAPACK has no half-precision least squ
 float64; the iterate and every argument of ``f`` keep the state's dtype.
 
 Every step of the loop evaluates ``f`` once: at the cycle's first step, at ``u`` (that
-evaluation is judged by the stopping rule, :func:`deqjax._src.solvers.stopping.judge`, and gives
-the next cycle's residual ``r = b − A u``); at Arnoldi step ``k``, at ``V[:, k]``. Both kinds of
-step share the loop body (the argument of ``f`` is selected, then a ``lax.cond`` applies the
-step's update), so ``f``, a VJP of the cell for the adjoint map, appears once in the program, and
-the loop does not nest: the chunked form (:func:`jax.scipy.sparse.linalg.gmres` inside a chunk
-loop) had five nested loops, and a fixed-point gradient with it as the fallback took 2.4 s to
-trace and compile on 2 CPU cores, against 1.3–1.9 s with this one (BENCHMARKS.md).
+evaluation is judged by the stopping rule, :func:`deqjax._src.solvers.stopping.judge`, and its
+residual ``f(u) − u = b − A u`` starts the next cycle); at Arnoldi step ``k``, at ``V[:, k]``. Both
+kinds of step share one loop body and every kernel in it: the argument of ``f`` is selected, the
+judgement is masked off on Arnoldi steps (``judge(..., active=...)``), the new basis vector is the
+residual or ``A v`` orthogonalised, and only the cycle's closing least squares sits under a
+``lax.cond``. So ``f``, a VJP of the cell for the adjoint map, appears once in the loop and once
+outside it (``b = f(0)``; the start at ``z0`` is the loop's first step), and the loop does not
+nest: the chunked form (:func:`jax.scipy.sparse.linalg.gmres` inside a chunk loop) had five nested
+loops, and a fixed-point gradient with it as the fallback took 2.4 s to trace and compile on 2 CPU
+cores, against 1.3–1.9 s with a two-branch body (BENCHMARKS.md).
 
 The accounting is that of a cycle run by :func:`jax.scipy.sparse.linalg.gmres` with one restart
 (``solve_method="batched"``, the form deqjax used before) followed by a check of the true
