@@ -93,25 +93,31 @@ class _Carry(NamedTuple):
     basis: PyTree  # leaves [..., n + 1]: V of the current cycle (columns not yet built are zero)
     hess: jax.Array  # [n, n + 1]: row j is column j of H̄ (identity rows until built)
     beta: jax.Array  # ‖r‖ of the cycle's starting residual
+    f_base: PyTree  # f at the cycle's starting iterate, in the reduction dtype
+    spread: jax.Array  # s: Arnoldi step j evaluates f at u + s V[:, j]
 
 
 class _Setup(NamedTuple):
-    """What every step uses: the problem, its rule, the cycle length and cost, ``b = f(0)``."""
+    """What every step uses: the problem, its rule, the cycle length and cost."""
 
     problem: Problem
     rule: stopping.StoppingRule
     n: int  # Arnoldi steps per cycle
     cost: int  # evaluations charged per cycle: n + 3
-    b: PyTree
-    floor: jax.Array  # 0, or NaN when b is not finite (then no cycle runs)
 
 
 def _body(s: _Setup):
     """One evaluation of ``f`` and what it is for: at ``u`` (``step == 0``) its judgement and the
-    start of the next cycle from the residual ``r = f(u) − u = b − A u``; at ``V[:, j]`` Arnoldi
-    step ``j``: ``A v = v − (f(v) − b)`` orthogonalised against the basis (classical
-    Gram–Schmidt), a new column of ``V`` and of ``H̄``; after the last (or on an invariant
-    subspace) ``u ← u + V y``. The two kinds of step share every kernel, with masks."""
+    start of the next cycle from the residual ``r = f(u) − u = b − A u``; at ``u + s V[:, j]``
+    Arnoldi step ``j``: ``A v = v − (f(u + s v) − f(u)) / s`` orthogonalised against the basis
+    (classical Gram–Schmidt), a new column of ``V`` and of ``H̄``; after the last (or on an
+    invariant subspace) ``u ← u + V y``. The two kinds of step share every kernel, with masks.
+
+    ``L v`` is taken as a difference of two values of the affine ``f`` at the cycle's iterate and
+    a point ``s = max(1, ‖u‖, ‖f(u)‖)`` away along ``v``, rather than as ``f(v) − f(0)``: the
+    rounding is the same order (``eps`` relative to ``‖A v‖``), and ``b = f(0)`` is never
+    evaluated, so ``f`` (for the implicit backward, a VJP of the cell) appears once in the
+    program."""
     problem, rule, n = s.problem, s.rule, s.n
     bn, rdtype = problem.batch_ndim, problem.rdtype
     cols = jnp.arange(n + 1, dtype=jnp.int32)
@@ -121,7 +127,8 @@ def _body(s: _Setup):
         at_u = c.step == 0
         j = jnp.maximum(c.step - 1, 0)
         v = jax.tree_util.tree_map(lambda a: a[..., j], c.basis)
-        x = tree.tree_where(at_u, c.u, _like(v, c.u))
+        away = tree.tree_add(_up(c.u, rdtype), tree.tree_scale(c.spread, v))
+        x = tree.tree_where(at_u, c.u, _like(away, c.u))
         fx, aux = problem.fn(x)
         # The judgement of f(u): the start costs 2 evaluations (b = f(0) and f(z0)), a cycle n + 3.
         judged = stopping.judge(
@@ -138,8 +145,10 @@ def _body(s: _Setup):
         finite, improved, book = judged.residuals.finite, judged.improved, judged.book
         # A cycle starts from u, or from the best iterate where f(u) is not finite.
         u = tree.tree_where(finite, c.u, c.best_u, bn)
-        r = tree.tree_sub(_up(tree.tree_where(finite, fx, c.best_fu, bn), rdtype), _up(u, rdtype))
-        av = tree.tree_sub(v, tree.tree_sub(_up(fx, rdtype), s.b))
+        f_base = _up(tree.tree_where(finite, fx, c.best_fu, bn), rdtype)
+        r = tree.tree_sub(f_base, _up(u, rdtype))
+        lv = tree.tree_scale(1.0 / c.spread, tree.tree_sub(_up(fx, rdtype), c.f_base))
+        av = tree.tree_sub(v, lv)
         w = tree.tree_where(at_u, r, av)
         # Classical Gram–Schmidt against the basis (none at a cycle's start).
         parts = jax.tree_util.tree_map(
@@ -168,7 +177,7 @@ def _body(s: _Setup):
         # A cycle is skipped (the next step judges u again) where ‖r‖ already meets the target
         # of every running problem: each problem's residual is at most ‖r‖.
         target = jnp.asarray(rule.tol, rdtype) * judged.residuals.scale
-        atol = jnp.maximum(s.floor, jnp.min(jnp.where(book.running, target, jnp.inf)))
+        atol = jnp.min(jnp.where(book.running, target, jnp.inf))
         step = jnp.where(at_u, jnp.where(w_norm > atol, 1, 0), jnp.where(done, 0, j + 2))
         return _Carry(
             k=c.k + jnp.where(at_u, jnp.where(c.k == 0, 2, s.cost), 0),
@@ -181,17 +190,25 @@ def _body(s: _Setup):
             basis=basis,
             hess=hess,
             beta=jnp.where(at_u, w_norm, c.beta),
+            f_base=tree.tree_where(at_u, f_base, c.f_base),
+            spread=jnp.where(at_u, _spread(u, f_base, rdtype), c.spread),
         )
 
     return body_fun
+
+
+def _spread(u: PyTree, fu: PyTree, rdtype: jnp.dtype) -> jax.Array:
+    """``s = max(1, ‖u‖, ‖f(u)‖)``: far enough from ``u`` that ``f(u + s v) − f(u)`` loses no
+    more than ``eps ‖A v‖`` to rounding."""
+    norms = jnp.stack([tree.tree_norm(_up(u, rdtype)), tree.tree_norm(fu)])
+    return jnp.max(jnp.where(jnp.isfinite(norms), norms, 1.0), initial=1.0)
 
 
 def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
     """Restarted GMRES with cycles of ``n`` Arnoldi steps on the affine ``problem`` (see the
     module docstring), stopping by ``rule`` (:func:`~deqjax._src.solvers.stopping.krylov_rule`)."""
     z0, rdtype = problem.z0, problem.rdtype
-    b = _up(problem.fn(tree.tree_zeros_like(z0))[0], rdtype)
-    s = _Setup(problem, rule, n, n + 3, b, 0.0 * tree.tree_norm(b))
+    s = _Setup(problem, rule, n, n + 3)
     basis = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape + (n + 1,), rdtype), z0)
     init = _Carry(
         k=jnp.asarray(0, jnp.int32),
@@ -204,6 +221,8 @@ def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
         basis=basis,
         hess=jnp.eye(n, n + 1, dtype=rdtype),
         beta=jnp.zeros((), rdtype),
+        f_base=_up(z0, rdtype),
+        spread=jnp.ones((), rdtype),
     )
     c = jax.lax.while_loop(lambda c: jnp.any(c.book.running), _body(s), init)
     return solution_of(c, problem)
