@@ -18,9 +18,11 @@ fi
 # Core tests (the suite pins full-precision matmuls in tests/conftest.py, as CPU float32 is).
 python -m pytest -q -n 8 tests/solvers tests/adjoints tests/test_fixed_point.py \
   tests/test_precision.py tests/test_compiled.py tests/nn tests/training 2>&1 | tee "$out/tests.txt"
-# Solvers at JAX's default GPU precision (TF32-class) and at full float32.
+# Loop cost against the floor, with the peers, at JAX's default GPU precision (TF32-class) and at
+# full float32 (the sizes of BENCHMARKS.md, "Loop cost": d 512 and 2048, batch 128 and 256).
 for precision in default highest; do
-  python benchmarks/solvers.py --quick --precision "$precision" --out "$out/solvers_$precision.md"
+  python -m benchmarks.solvers --dims 512 2048 --batches 128 256 --processes 1 \
+    --precision "$precision" --out "$out/solvers_$precision.md"
 done
 python -m benchmarks.language_model --depths 8 --seq_lens 64,128 --repeats 5 >"$out/language_model.md"
 python -m benchmarks.training --skip_jr --devices 1 --repeats 20 >"$out/main_job.md"
