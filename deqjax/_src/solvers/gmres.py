@@ -29,10 +29,11 @@ The accounting is that of a cycle run by :func:`jax.scipy.sparse.linalg.gmres` w
 (``solve_method="batched"``, the form deqjax used before) followed by a check of the true
 residual: ``n + 3`` evaluations charged per cycle (its starting residual, ``n`` Arnoldi
 products, its final residual, the check), written in the trace at each evaluation index of the
-cycle; the start costs two (``b = f(0)`` and ``f(z0)``). The arithmetic is that cycle's too (its
-least squares solved by an SVD rather than by normal equations), so the iterates agree with it
-to float rounding; a cycle whose starting residual already meets the target (every running
-problem's ``tol × scale``) is skipped, as there.
+cycle; the start costs two (there, ``b = f(0)`` and ``f(z0)``; here one evaluation, so the
+charges are an upper bound). The arithmetic is that cycle's too (its least squares solved by an
+SVD rather than by normal equations; ``L v`` by a difference, see :func:`_body`), so the
+iterates agree with it to float rounding; a cycle whose starting residual already meets the target
+(every running problem's ``tol × scale``) is skipped, as there.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def _body(s: _Setup):
         away = tree.tree_add(_up(c.u, rdtype), tree.tree_scale(c.spread, v))
         x = tree.tree_where(at_u, c.u, _like(away, c.u))
         fx, aux = problem.fn(x)
-        # The judgement of f(u): the start costs 2 evaluations (b = f(0) and f(z0)), a cycle n + 3.
+        # The judgement of f(u), charged as jax.scipy's restarted GMRES is: 2 for the start, a cycle
+        # n + 3 (see the module docstring).
         judged = stopping.judge(
             x,
             fx,
