@@ -34,15 +34,12 @@ PyTree = Any
 
 
 def _gram_with_row(
-    gram: jax.Array, gs: PyTree, gx: PyTree, gx_sq: jax.Array | None, hit: jax.Array, bn: int
+    gram: jax.Array, gs: PyTree, gx: PyTree, gx_sq: jax.Array, hit: jax.Array, bn: int
 ) -> jax.Array:
     """``gram`` (``[*batch, m, m]``) with the row and column of slot ``hit`` set to
-    ``<G_i, gx>``: the new iterate replaces that slot. Its own entry ``<gx, gx>`` is ``gx_sq``
-    (the stopping rule's), or, with ``gx_sq=None``, read from ``gs`` (which then holds ``gx`` in
-    that slot)."""
-    row = tree.tree_rows_vdot(gs, gx, bn)  # [*batch, m]
-    if gx_sq is not None:
-        row = jnp.where(hit, gx_sq[..., None], row)
+    ``<G_i, gx>``: the new iterate replaces that slot, and its own entry is ``gx_sq = <gx, gx>``
+    (the stopping rule's)."""
+    row = jnp.where(hit, gx_sq[..., None], tree.tree_rows_vdot(gs, gx, bn))  # [*batch, m]
     hit_r, hit_c = hit[..., :, None], hit[..., None, :]
     return jnp.where(hit_r, row[..., None, :], jnp.where(hit_c, row[..., :, None], gram))
 
@@ -142,25 +139,25 @@ class Anderson(driver.DriverSolver):
             hit = (ids == slot).reshape(lead + (m,))  # the row the new iterate replaces
             valid = (ids < jnp.minimum(k + 1, m)).reshape(lead + (m,))
             p = tree.tree_axpy(beta, gx, x)
+            new_ps, new_gs = ps, gs
             if bn > 0:
                 # The shared slot is written first, in place, and every read below sees the
                 # updated buffers: the reads then come after the writes in XLA's dependency
-                # order, so neither buffer (nor x, read by the write) is copied.
-                ps, gs = tree.tree_put_row(ps, slot, p, bn), tree.tree_put_row(gs, slot, gx, bn)
-                gram = _gram_with_row(gram, gs, gx, None, hit, bn)
-                alpha = _mixing_weights(gram, valid, lam, eye, batch_shape)
-                return tree.tree_combine_rows(alpha, ps, bn), (ps, gs, gram)
-            # k is batched under vmap: everything reads the *old* buffers plus the new row, and
-            # the masked-select writes come last (they fuse with the loop's per-example select
-            # into one pass over each buffer).
-            gram = _gram_with_row(gram, gs, gx, gx_sq, hit, bn)
+                # order, so neither buffer (nor x, read by the write) is copied. (The slot's row
+                # is read with a zero weight; the new row enters as p and gx_sq, as under vmap.)
+                new_ps = tree.tree_put_row(ps, slot, p, bn)
+                new_gs = tree.tree_put_row(gs, slot, gx, bn)
+            gram = _gram_with_row(gram, new_gs, gx, gx_sq, hit, bn)
             alpha = _mixing_weights(gram, valid, lam, eye, batch_shape)
             # sum_i alpha_i (x_i + beta G_i), with the slot's row taken from the new iterate.
             alpha_slot = jnp.sum(jnp.where(hit, alpha, 0), axis=-1)  # [*batch]
-            rest = tree.tree_combine_rows(jnp.where(hit, 0, alpha), ps, bn)
+            rest = tree.tree_combine_rows(jnp.where(hit, 0, alpha), new_ps, bn)
             mixed = tree.tree_axpy(alpha_slot, p, rest, bn)
-            ps, gs = tree.tree_set_row(ps, slot, p), tree.tree_set_row(gs, slot, gx)
-            return mixed, (ps, gs, gram)
+            if bn == 0:
+                # k is batched under vmap: masked-select writes, last (they fuse with the loop's
+                # per-example select into one pass over each buffer).
+                new_ps, new_gs = tree.tree_set_row(ps, slot, p), tree.tree_set_row(gs, slot, gx)
+            return mixed, (new_ps, new_gs, gram)
 
         state0 = (
             tree.tree_stack_zeros(z0, m, bn),
