@@ -161,11 +161,17 @@ def naive_loss(max_steps: int, tol: float) -> Callable:
     return loss
 
 
+def adjoint_problem(p, x, z_star) -> tuple[jax.Array, Callable]:
+    """``(g, u ↦ Jᵀu)`` of every row's backward: ``g = ∂ mean(z*²) / ∂z*`` and the VJP of the
+    batched cell at ``z*``."""
+    _, vjp = jax.vjp(lambda z: peers.batch_cell(p, x, z), z_star)
+    return 2.0 * z_star / z_star.size, lambda u: vjp(u)[0]
+
+
 def naive_backward_steps(p, x, z_star, max_steps: int, tol: float) -> int:
     """The naive backward's evaluations of the VJP: its loop on ``u = g + Jᵀu`` at ``z*``."""
-    g = 2.0 * z_star / z_star.size
-    _, vjp = jax.vjp(lambda z: peers.batch_cell(p, x, z), z_star)
-    steps = jax.jit(lambda g: _naive_fpi(lambda u: g + vjp(u)[0], g, max_steps, tol)[1])(g)
+    g, vjp = adjoint_problem(p, x, z_star)
+    steps = jax.jit(lambda g: _naive_fpi(lambda u: g + vjp(u), g, max_steps, tol)[1])(g)
     return int(steps)
 
 
@@ -198,14 +204,13 @@ def deqjax_backward_steps(make: Callable, mode: str, p, x, z_star, max_steps, to
     forward solver on ``u = g + Jᵀu`` at ``z*``, ``g = ∂ mean(z*²) / ∂z*`` (the fallback is not
     counted: it runs only where this solve fails)."""
     solver = make(max_steps=max_steps, tol=tol, batch_ndim=1 if mode == "native" else 0)
-    g = 2.0 * z_star / z_star.size
-    _, vjp = jax.vjp(lambda z: peers.batch_cell(p, x, z), z_star)
+    g, vjp = adjoint_problem(p, x, z_star)
 
     def one(gi, vjp_i):
         return solver(lambda u: gi + vjp_i(u), gi).num_steps
 
     if mode == "native":
-        steps = jax.jit(lambda g: one(g, lambda u: vjp(u)[0]))(g)
+        steps = jax.jit(lambda g: one(g, vjp))(g)
     else:
 
         def per_example(xi, zi, gi):

@@ -53,12 +53,11 @@ PyTree = Any
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def _normalize(t: PyTree, thresh: jax.Array | None = None) -> tuple[PyTree, jax.Array]:
-    """``(t / ‖t‖, ‖t‖)``, or zeros and 0 where ``‖t‖ <= thresh`` (default: the dtype's eps).
-    The norm is of the whole pytree: every problem of a batch together."""
+def _normalize(t: PyTree, thresh: jax.Array) -> tuple[PyTree, jax.Array]:
+    """``(t / ‖t‖, ‖t‖)``, or zeros and 0 where ``‖t‖ <= thresh``. The norm is of the whole
+    pytree: every problem of a batch together."""
     norm = tree.tree_norm(t)
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(t))
-    thresh = jnp.finfo(norm.dtype).eps if thresh is None else thresh
     use = norm > jnp.asarray(thresh).astype(dtype)
     scale = norm.astype(dtype)
     unit = jax.tree_util.tree_map(lambda a: jnp.where(use, a / scale, 0.0), t)
@@ -133,6 +132,7 @@ def _body(s: _Setup):
         fx, aux = problem.fn(x)
         # The judgement of f(u), charged as jax.scipy's restarted GMRES is: 2 for the start, a cycle
         # n + 3 (see the module docstring).
+        charge = jnp.where(c.k == 0, 2, s.cost)
         judged = stopping.judge(
             x,
             fx,
@@ -140,7 +140,7 @@ def _body(s: _Setup):
             c.book,
             rule,
             start=c.k,
-            count=jnp.where(c.k == 0, 2, s.cost),
+            count=charge,
             next_count=s.cost,
             active=at_u,
         )
@@ -182,7 +182,7 @@ def _body(s: _Setup):
         atol = jnp.min(jnp.where(book.running, target, jnp.inf))
         step = jnp.where(at_u, jnp.where(w_norm > atol, 1, 0), jnp.where(done, 0, j + 2))
         return _Carry(
-            k=c.k + jnp.where(at_u, jnp.where(c.k == 0, 2, s.cost), 0),
+            k=c.k + jnp.where(at_u, charge, 0),
             step=step.astype(jnp.int32),
             u=u,
             best_u=tree.tree_where(improved, x, c.best_u, bn),
