@@ -49,6 +49,9 @@ MODELS = ("deq", "deq+jr", "tied", "untied")
 def build(kind: str, *, depth: int, gamma: float, args) -> hk.Transformed:
     """``experiments/language_model.py``'s model: ``apply(params, rng, tokens, mems, train)``."""
     solver = dq.solvers.Anderson(max_steps=depth, tol=0.0, m=5)  # exactly `depth` evaluations
+    # The implicit backward's GMRES fallback ("gmres", the default) or none: the fallback's share
+    # of the compile time.
+    adjoint = dq.ImplicitAdjoint(fallback=None if args.fallback == "none" else "gmres")
     reg = dq.regularization.JacobianRegularizer(gamma) if gamma > 0 else None
 
     def forward(tokens, mems, is_training):
@@ -61,6 +64,7 @@ def build(kind: str, *, depth: int, gamma: float, args) -> hk.Transformed:
             pre_ln=args.pre_ln,
             solver=solver,
             regularizer=reg,
+            adjoint=adjoint,
             embed_init=hk.initializers.RandomNormal(0.02),
         )
         return model(tokens, mems, is_training=is_training)
@@ -177,6 +181,12 @@ def main(argv=None) -> None:
     p.add_argument("--pre_ln", action="store_true")
     p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument(
+        "--fallback",
+        default="gmres",
+        choices=("gmres", "none"),
+        help="the DEQ's implicit backward fallback (none: to measure its share of compile time)",
+    )
     args = p.parse_args(argv)
     rows = []
     for seq_len in (int(s) for s in args.seq_lens.split(",")):
