@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import statistics
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -40,6 +41,11 @@ def tanh_layer(d: int, batch: int, radius: float, seed: int = 0, dtype=jnp.float
 def tanh_cell(p, x, z):
     """One example: ``tanh(W z + U x + b)`` for z, x of shape [d]."""
     return jnp.tanh(p["W"] @ z + p["U"] @ x + p["b"])
+
+
+def count_fusions(hlo_text: str) -> int:
+    """XLA fusions (kernels) in the text of a compiled program, or of one of its computations."""
+    return len(re.findall(r" fusion\(", hlo_text))
 
 
 def machine() -> str:

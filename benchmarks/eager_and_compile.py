@@ -3,6 +3,7 @@
     python -m benchmarks.eager_and_compile [--d 32] [--calls 20] [--fresh_calls 4]
     python -m benchmarks.eager_and_compile --smoke     # tiny counts (checks the script)
     python -m benchmarks.eager_and_compile --long 10000   # one long eager gradient loop
+    python -m benchmarks.eager_and_compile --breakdown 7  # what the first jitted gradient compiles
 
 Every library is handed the same function object on repeated calls (the peers key their
 compiled code by it). One problem for every row: ``z = tanh(W z + x)``, one example of size
@@ -22,6 +23,16 @@ Columns, per eager call after three warm-up calls (``--calls`` calls, the same f
   over three sizes (``d``, ``d + 1``, ``d + 2``: every cache misses), after one unrelated jitted
   gradient has warmed JAX up (so the first row does not pay for it); ``HLO lines``: the size of
   that program's StableHLO text at ``d``.
+
+``--breakdown R``: where the first jitted gradient's compile time goes (``d = 64``). For
+deqjax's fixed-point iteration and Anderson: the forward solve alone, the gradient without the
+GMRES fallback (``ImplicitAdjoint(fallback=None)``), the gradient with GMRES as the only backward
+solve (what a backward that ran its fallback in the same loop could at best cost), and the
+default gradient; beside optimistix's fixed-point gradient and jaxopt's Anderson gradient.
+Each program is traced, compiled and run once per round at a new size (``d + round``: every
+cache misses), the programs interleaved within a round; the table gives the median and the
+lowest over ``R`` rounds, the kernels (XLA fusions) of the compiled program and its StableHLO
+lines. On XLA:CPU compile time grows with the number of kernels (LLVM compiles each), roughly.
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import deqjax as dq
-from benchmarks.common import emit, machine, markdown_table
+from benchmarks.common import count_fusions, emit, machine, markdown_table
 
 TOL = 1e-4
 COLUMNS = (
@@ -102,14 +113,22 @@ def _last(make: Callable[[Callable], Any]) -> Callable[[Callable], Any]:
     return get
 
 
-def _optimistix() -> Callable:
+def _optimistix(gmres: bool = False) -> Callable:
+    """optimistix's fixed-point iteration; its default adjoint (a dense LU solve of the Jacobian,
+    formed column by column), or with ``gmres`` lineax's GMRES (the choice that scales: see
+    ``benchmarks/solvers.py``)."""
+    import lineax as lx
     import optimistix as optx
 
     fpi = optx.FixedPointIteration(rtol=TOL, atol=TOL)
     fn_of = _last(lambda cell: lambda z, args: cell(args[0], args[1], z))
+    adjoint = optx.ImplicitAdjoint()
+    if gmres:
+        adjoint = optx.ImplicitAdjoint(linear_solver=lx.GMRES(rtol=TOL, atol=TOL, restart=20))
 
     def solve(cell, w, x):
-        return optx.fixed_point(fn_of(cell), fpi, jnp.zeros_like(x), (w, x), max_steps=256).value
+        z0 = jnp.zeros_like(x)
+        return optx.fixed_point(fn_of(cell), fpi, z0, (w, x), max_steps=256, adjoint=adjoint).value
 
     return solve
 
@@ -226,6 +245,81 @@ def _rss_mib() -> float:
     return kib / 1024
 
 
+def _gradient(solve: Callable) -> Callable:
+    return jax.grad(lambda w, x: jnp.sum(solve(cell, w, x) ** 2))
+
+
+def _forward(solve: Callable) -> Callable:
+    return lambda w, x: solve(cell, w, x)
+
+
+def _with(solver: Any, adjoint: Any) -> Callable:
+    def solve(cell, w, x):
+        return dq.fixed_point(cell, w, x, jnp.zeros_like(x), solver=solver, adjoint=adjoint)[0]
+
+    return solve
+
+
+def breakdown_programs() -> dict[str, Callable[[], Callable]]:
+    """The programs of ``--breakdown``: name -> a maker of ``program(w, x)``."""
+    programs: dict[str, Callable[[], Callable]] = {}
+    for name, solver in (
+        ("FixedPointIteration", dq.solvers.FixedPointIteration(max_steps=256)),
+        ("Anderson", dq.solvers.anderson),
+    ):
+        gmres_only = dq.ImplicitAdjoint(solver=dq.solvers.GMRES(), fallback=None)
+        programs |= {
+            f"deqjax {name}: forward only": lambda s=solver: _forward(_deqjax(s)),
+            f"deqjax {name}: gradient, no fallback": lambda s=solver: _gradient(
+                _with(s, dq.ImplicitAdjoint(fallback=None))
+            ),
+            f"deqjax {name}: gradient, GMRES backward only": lambda s=solver, a=gmres_only: (
+                _gradient(_with(s, a))
+            ),
+            f"deqjax {name}: gradient, default": lambda s=solver: _gradient(_deqjax(s)),
+        }
+    programs["optimistix FixedPointIteration: gradient"] = lambda: _gradient(_optimistix())
+    programs["optimistix FixedPointIteration: gradient, lineax GMRES backward"] = lambda: _gradient(
+        _optimistix(gmres=True)
+    )
+    programs["jaxopt AndersonAcceleration: gradient"] = lambda: _gradient(
+        _jaxopt("AndersonAcceleration")
+    )
+    return programs
+
+
+def breakdown(rounds: int, d: int = 64) -> list[str]:
+    """``--breakdown``: first-jit seconds (median and lowest over ``rounds``), kernels and
+    StableHLO lines of each program of :func:`breakdown_programs`."""
+    programs = breakdown_programs()
+    times: dict[str, list[float]] = {name: [] for name in programs}
+    sizes: dict[str, tuple[int, int]] = {}
+    for r in range(rounds):
+        for name, make in programs.items():
+            w, x = problem(d + r)
+            t0 = time.perf_counter()
+            lowered = jax.jit(make()).lower(w, x)
+            compiled = lowered.compile()
+            jax.block_until_ready(compiled(w, x))
+            times[name].append(time.perf_counter() - t0)
+            sizes[name] = (count_fusions(compiled.as_text()), lowered.as_text().count("\n"))
+        print(f"# round {r + 1} of {rounds} done", file=sys.stderr, flush=True)
+    rows = [
+        {
+            "program": name,
+            "first jit (s), median": float(np.median(times[name])),
+            "lowest (s)": min(times[name]),
+            "kernels": sizes[name][0],
+            "HLO lines": sizes[name][1],
+        }
+        for name in programs
+    ]
+    columns = ("program", "first jit (s), median", "lowest (s)", "kernels", "HLO lines")
+    formats = {"program": "", "first jit (s), median": ".2f", "lowest (s)": ".2f"}
+    formats |= {"kernels": "d", "HLO lines": "d"}
+    return markdown_table(rows, columns, formats, align="lrrrr")
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d", type=int, default=32)
@@ -235,6 +329,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--smoke", action="store_true", help="tiny counts: checks the script")
     parser.add_argument(
         "--long", type=int, default=0, help="run one loop of this many eager gradients"
+    )
+    parser.add_argument(
+        "--breakdown", type=int, default=0, help="rounds of the compile-time breakdown (d = 64)"
     )
     parser.add_argument("--out", default=None, help="also write the table to this file")
     args = parser.parse_args(argv)
@@ -247,6 +344,9 @@ def main(argv: list[str] | None = None) -> str:
         )
         return emit([head, "", *long_loop(args.long, args.d)], args.out)
     warm_up()
+    if args.breakdown:
+        head = f"First jitted gradient, d = 64, {args.breakdown} rounds. {machine()}"
+        return emit([head, "", *breakdown(args.breakdown)], args.out)
     rows = []
     for name in args.rows:
         rows.append(measure(name, ROWS[name](), args.d, args.calls, args.fresh_calls))

@@ -258,7 +258,7 @@ def loop_kernels(fn: Callable, *args: Any) -> int:
     for name in set(re.findall(r"body=%?([\w.\-]+)", text)):
         m = re.search(r"^%?" + re.escape(name) + r" [^\n]*\{\n(.*?)^\}", text, re.M | re.S)
         if m:
-            best = max(best, len(re.findall(r"= \S+ fusion\(", m.group(1))))
+            best = max(best, common.count_fusions(m.group(1)))
     return best
 
 

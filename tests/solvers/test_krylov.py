@@ -85,10 +85,13 @@ def test_gmres_ends_a_cycle_on_an_invariant_subspace():
     np.testing.assert_allclose(sol.value, want, rtol=1e-10)
 
 
-def test_gmres_program_has_one_loop_and_one_evaluation_of_f():
+def test_gmres_program_has_one_loop_one_evaluation_of_f_and_three_norms():
     """The fallback of every implicit backward must be cheap to compile: GMRES is one while loop
     (no nested restart, Arnoldi or Gram–Schmidt loops) with f traced once, inside it (the start,
-    f(z0), is the loop's first step, and b = f(0) is never evaluated)."""
+    f(z0), is the loop's first step, and b = f(0) is never evaluated), and it reduces the state
+    three times per step: the stopping rule's ||f(u) - u|| and ||f(u)|| (which also give the
+    step's spread s) and the new basis vector's norm (which with its projections gives ||A v||).
+    On XLA:CPU each reduction is a kernel or two, and compile time grows with the kernels."""
     a, b = affine()
 
     def f(u):
@@ -97,6 +100,12 @@ def test_gmres_program_has_one_loop_and_one_evaluation_of_f():
     text = jax.jit(lambda u0: solvers.gmres(f, u0).value).lower(jnp.zeros(8)).as_text()
     assert text.count("stablehlo.while") == 1
     assert text.count("stablehlo.sine") == 1  # once, in the loop body
+    norms = [
+        line
+        for line in text.splitlines()
+        if "stablehlo.reduce" in line and "stablehlo.add" in line and "(tensor<8xf" in line
+    ]
+    assert len(norms) == 3, norms
 
 
 @pytest.mark.parametrize("name", KRYLOV)

@@ -19,11 +19,14 @@ residual ``f(u) − u = b − A u`` starts the next cycle); at Arnoldi step ``k`
 kinds of step share one loop body and every kernel in it: the argument of ``f`` is selected, the
 judgement is masked off on Arnoldi steps (``judge(..., active=...)``), the new basis vector is the
 residual or ``A v`` orthogonalised, and only the cycle's closing least squares sits under a
-``lax.cond``. So ``f``, a VJP of the cell for the adjoint map, appears once in the loop and once
-outside it (``b = f(0)``; the start at ``z0`` is the loop's first step), and the loop does not
-nest: the chunked form (:func:`jax.scipy.sparse.linalg.gmres` inside a chunk loop) had five nested
-loops, and a fixed-point gradient with it as the fallback took 2.4 s to trace and compile on 2 CPU
-cores, against 1.3–1.9 s with a two-branch body (BENCHMARKS.md).
+``lax.cond``. So ``f``, a VJP of the cell for the adjoint map, appears once in the program, inside
+the loop (the start at ``z0`` is the loop's first step, and ``b = f(0)`` is never evaluated: see
+:func:`_body`), and the loop does not nest: the chunked form
+(:func:`jax.scipy.sparse.linalg.gmres` inside a chunk loop) had five nested loops, and a
+fixed-point gradient with it as the fallback took 2.4 s to trace and compile on 2 CPU cores,
+against 1.3–1.9 s with a two-branch body (BENCHMARKS.md). A step reduces the state three times:
+the stopping rule's ``‖f(u) − u‖`` and ``‖f(u)‖`` (which also give the step ``s``), and the new
+basis vector's norm (which with its projections gives ``‖A v‖``).
 
 The accounting is that of a cycle run by :func:`jax.scipy.sparse.linalg.gmres` with one restart
 (``solve_method="batched"``, the form deqjax used before) followed by a check of the true
@@ -53,10 +56,9 @@ PyTree = Any
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def _normalize(t: PyTree, thresh: jax.Array) -> tuple[PyTree, jax.Array]:
-    """``(t / ‖t‖, ‖t‖)``, or zeros and 0 where ``‖t‖ <= thresh``. The norm is of the whole
-    pytree: every problem of a batch together."""
-    norm = tree.tree_norm(t)
+def _normalize(t: PyTree, norm: jax.Array, thresh: jax.Array) -> tuple[PyTree, jax.Array]:
+    """``(t / ‖t‖, ‖t‖)``, or zeros and 0 where ``‖t‖ <= thresh`` (``norm``: ``‖t‖`` of the whole
+    pytree, every problem of a batch together)."""
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(t))
     use = norm > jnp.asarray(thresh).astype(dtype)
     scale = norm.astype(dtype)
@@ -82,9 +84,16 @@ def _cycle_update(basis: PyTree, hess: jax.Array, beta: jax.Array) -> PyTree:
     return jax.tree_util.tree_map(lambda v: jnp.dot(v[..., :-1], y, precision=_HIGHEST), basis)
 
 
+# Columns of _Carry.scalars: evaluations of f charged so far; the step (0: the next evaluation is
+# at u and judged, j + 1: Arnoldi step j); ‖r‖ of the cycle's starting residual; s (Arnoldi step j
+# evaluates f at u + s V[:, j]).
+_K, _STEP, _BETA, _SPREAD = range(4)
+
+
 class _Carry(NamedTuple):
-    k: jax.Array  # int32 []: evaluations of f charged so far
-    step: jax.Array  # int32 []: 0 = the next evaluation is at u (judged); j + 1 = Arnoldi step j
+    # [4] in the reduction dtype (the columns above): one array, so that a step updates them in
+    # one kernel, as stopping.Book does (the counts are exact below 2^24).
+    scalars: jax.Array
     u: PyTree  # the current iterate (the next one judged)
     best_u: PyTree
     best_fu: PyTree  # f(best_u), kept so that f_value costs no extra evaluation
@@ -92,9 +101,7 @@ class _Carry(NamedTuple):
     book: stopping.Book  # per-problem residuals, status, trace
     basis: PyTree  # leaves [..., n + 1]: V of the current cycle (columns not yet built are zero)
     hess: jax.Array  # [n, n + 1]: row j is column j of H̄ (identity rows until built)
-    beta: jax.Array  # ‖r‖ of the cycle's starting residual
     f_base: PyTree  # f at the cycle's starting iterate, in the reduction dtype
-    spread: jax.Array  # s: Arnoldi step j evaluates f at u + s V[:, j]
 
 
 class _Setup(NamedTuple):
@@ -114,7 +121,7 @@ def _body(s: _Setup):
     invariant subspace) ``u ← u + V y``. The two kinds of step share every kernel, with masks.
 
     ``L v`` is taken as a difference of two values of the affine ``f`` at the cycle's iterate and
-    a point ``s = max(1, ‖u‖, ‖f(u)‖)`` away along ``v``, rather than as ``f(v) − f(0)``: the
+    a point ``s`` (:func:`_spread`) away along ``v``, rather than as ``f(v) − f(0)``: the
     rounding is the same order (``eps`` relative to ``‖A v‖``), and ``b = f(0)`` is never
     evaluated, so ``f`` (for the implicit backward, a VJP of the cell) appears once in the
     program."""
@@ -124,22 +131,24 @@ def _body(s: _Setup):
     eps = jnp.finfo(rdtype).eps
 
     def body_fun(c: _Carry) -> _Carry:
-        at_u = c.step == 0
-        j = jnp.maximum(c.step - 1, 0)
+        k, beta, spread = c.scalars[_K], c.scalars[_BETA], c.scalars[_SPREAD]
+        k_int = k.astype(jnp.int32)
+        at_u = c.scalars[_STEP] == 0
+        j = jnp.maximum(c.scalars[_STEP].astype(jnp.int32) - 1, 0)
         v = jax.tree_util.tree_map(lambda a: a[..., j], c.basis)
-        away = tree.tree_add(_up(c.u, rdtype), tree.tree_scale(c.spread, v))
+        away = tree.tree_add(_up(c.u, rdtype), tree.tree_scale(spread, v))
         x = tree.tree_where(at_u, c.u, _like(away, c.u))
         fx, aux = problem.fn(x)
         # The judgement of f(u), charged as jax.scipy's restarted GMRES is: 2 for the start, a cycle
         # n + 3 (see the module docstring).
-        charge = jnp.where(c.k == 0, 2, s.cost)
+        charge = jnp.where(k_int == 0, 2, s.cost)
         judged = stopping.judge(
             x,
             fx,
             tree.tree_sub(fx, x),
             c.book,
             rule,
-            start=c.k,
+            start=k_int,
             count=charge,
             next_count=s.cost,
             active=at_u,
@@ -149,7 +158,7 @@ def _body(s: _Setup):
         u = tree.tree_where(finite, c.u, c.best_u, bn)
         f_base = _up(tree.tree_where(finite, fx, c.best_fu, bn), rdtype)
         r = tree.tree_sub(f_base, _up(u, rdtype))
-        lv = tree.tree_scale(1.0 / c.spread, tree.tree_sub(_up(fx, rdtype), c.f_base))
+        lv = tree.tree_scale(1.0 / spread, tree.tree_sub(_up(fx, rdtype), c.f_base))
         av = tree.tree_sub(v, lv)
         w = tree.tree_where(at_u, r, av)
         # Classical Gram–Schmidt against the basis (none at a cycle's start).
@@ -159,8 +168,10 @@ def _body(s: _Setup):
         h = jnp.where(at_u, 0.0, jax.tree_util.tree_reduce(jnp.add, parts))
         w = jax.tree_util.tree_map(lambda a, vs: a - jnp.dot(vs, h, precision=_HIGHEST), w, c.basis)
         # A vector below eps ‖A v‖ is zero: the Krylov space is invariant and u + V y is exact.
-        thresh = jnp.where(at_u, eps, eps * tree.tree_norm(av))
-        unit, w_norm = _normalize(w, thresh)
+        # ||A v||^2 = ||h||^2 + ||w||^2 (w is A v less its projection on the basis).
+        w_norm = tree.tree_norm(w)
+        thresh = eps * jnp.sqrt(jnp.where(at_u, 1.0, jnp.sum(h * h) + w_norm * w_norm))
+        unit, w_norm = _normalize(w, w_norm, thresh)
         slot = jnp.where(at_u, 0, j + 1)
         basis = jax.tree_util.tree_map(
             lambda vs, a: jnp.where(cols == slot, a[..., None], jnp.where(at_u, 0.0, vs)),
@@ -173,7 +184,7 @@ def _body(s: _Setup):
         done = ~at_u & ((w_norm == 0.0) | (j + 1 >= n))
 
         def update() -> PyTree:
-            return _like(tree.tree_add(_up(c.u, rdtype), _cycle_update(basis, hess, c.beta)), c.u)
+            return _like(tree.tree_add(_up(c.u, rdtype), _cycle_update(basis, hess, beta)), c.u)
 
         u = tree.tree_where(at_u, u, jax.lax.cond(done, update, lambda: c.u))
         # A cycle is skipped (the next step judges u again) where ‖r‖ already meets the target
@@ -181,9 +192,16 @@ def _body(s: _Setup):
         target = jnp.asarray(rule.tol, rdtype) * judged.residuals.scale
         atol = jnp.min(jnp.where(book.running, target, jnp.inf))
         step = jnp.where(at_u, jnp.where(w_norm > atol, 1, 0), jnp.where(done, 0, j + 2))
+        scalars = jnp.stack(
+            [
+                k + jnp.where(at_u, charge, 0).astype(rdtype),
+                step.astype(rdtype),
+                jnp.where(at_u, w_norm, beta),
+                jnp.where(at_u, _spread(judged.residuals, spread), spread),
+            ]
+        )
         return _Carry(
-            k=c.k + jnp.where(at_u, charge, 0),
-            step=step.astype(jnp.int32),
+            scalars=scalars,
             u=u,
             best_u=tree.tree_where(improved, x, c.best_u, bn),
             best_fu=tree.tree_where(judged.take_fx, fx, c.best_fu, bn),
@@ -191,19 +209,20 @@ def _body(s: _Setup):
             book=book,
             basis=basis,
             hess=hess,
-            beta=jnp.where(at_u, w_norm, c.beta),
             f_base=tree.tree_where(at_u, f_base, c.f_base),
-            spread=jnp.where(at_u, _spread(u, f_base, rdtype), c.spread),
         )
 
     return body_fun
 
 
-def _spread(u: PyTree, fu: PyTree, rdtype: jnp.dtype) -> jax.Array:
-    """``s = max(1, ‖u‖, ‖f(u)‖)``: far enough from ``u`` that ``f(u + s v) − f(u)`` loses no
-    more than ``eps ‖A v‖`` to rounding."""
-    norms = jnp.stack([tree.tree_norm(_up(u, rdtype)), tree.tree_norm(fu)])
-    return jnp.max(jnp.where(jnp.isfinite(norms), norms, 1.0), initial=1.0)
+def _spread(r: stopping.Residuals, old: jax.Array) -> jax.Array:
+    """``s = max(1, ‖f(u)‖ + ‖f(u) − u‖)`` (whole-batch norms, from the judgement of ``f(u)``):
+    at least ``max(1, ‖u‖, ‖f(u)‖)``, far enough from ``u`` that ``f(u + s v) − f(u)`` loses no
+    more than ``eps ‖A v‖`` to rounding. A problem whose ``f(u)`` is not finite restarts from its
+    best iterate, whose norms are not at hand: there ``s`` is at least the previous one."""
+    sq = jnp.where(r.finite, r.fx_norm * r.fx_norm, 0.0), jnp.where(r.finite, r.abs_sq, 0.0)
+    s = jnp.maximum(jnp.sqrt(jnp.sum(sq[0])) + jnp.sqrt(jnp.sum(sq[1])), 1.0)
+    return jnp.where(jnp.all(r.finite), s, jnp.maximum(s, old))
 
 
 def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
@@ -213,8 +232,7 @@ def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
     s = _Setup(problem, rule, n, n + 3)
     basis = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape + (n + 1,), rdtype), z0)
     init = _Carry(
-        k=jnp.asarray(0, jnp.int32),
-        step=jnp.asarray(0, jnp.int32),
+        scalars=jnp.asarray([0, 0, 0, 1], rdtype),  # k, step, beta, s
         u=z0,
         best_u=z0,
         best_fu=z0,
@@ -222,20 +240,19 @@ def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
         book=stopping.initial_book(problem.batch_shape, rule.max_steps, rdtype),
         basis=basis,
         hess=jnp.eye(n, n + 1, dtype=rdtype),
-        beta=jnp.zeros((), rdtype),
         f_base=_up(z0, rdtype),
-        spread=jnp.ones((), rdtype),
     )
     c = jax.lax.while_loop(lambda c: jnp.any(c.book.running), _body(s), init)
-    return solution_of(c, problem)
+    return solution_of(c, c.scalars[_K], problem)
 
 
-def solution_of(c: Any, problem: Problem) -> Solution:
-    """The :class:`Solution` of a Krylov loop's final carry (fields ``k``, ``best_u``,
-    ``best_fu``, ``best_aux``, ``book``): this loop's and the chunked driver's in ``krylov.py``."""
+def solution_of(c: Any, k: jax.Array, problem: Problem) -> Solution:
+    """The :class:`Solution` of a Krylov loop's final carry (fields ``best_u``, ``best_fu``,
+    ``best_aux``, ``book``) after ``k`` evaluations charged: this loop's and the chunked driver's
+    in ``krylov.py``."""
     return Solution(
         value=c.best_u,
-        num_steps=jnp.broadcast_to(c.k, problem.batch_shape).astype(jnp.int32),
+        num_steps=jnp.broadcast_to(k, problem.batch_shape).astype(jnp.int32),
         abs_residual=c.book.abs_residual,
         rel_residual=c.book.rel_residual,
         trace=c.book.trace,

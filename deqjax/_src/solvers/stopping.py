@@ -233,6 +233,7 @@ class Residuals(NamedTuple):
 
     abs: jax.Array  # ||f(x) - x||
     abs_sq: jax.Array  # ||f(x) - x||^2, as reduced (a rule that needs it reads it here)
+    fx_norm: jax.Array  # ||f(x)||
     rel: jax.Array  # ||f(x) - x|| / (||f(x)|| + _REL_EPS)
     res: jax.Array  # by stop_mode
     scale: jax.Array  # the denominator of res: 1, ||f(x)|| or atol / tol + ||x||
@@ -262,7 +263,7 @@ def residuals(
     # separate pass over f(x) (a norm that overflows also counts as non-finite). CONVERGED
     # requires finiteness too: an overflowing ||f(x)|| would otherwise give rel_res = 0.
     finite = jnp.isfinite(abs_res) & jnp.isfinite(fx_norm) & jnp.isfinite(res)
-    return Residuals(abs_res, squares[0], rel_res, res, scale, finite)
+    return Residuals(abs_res, squares[0], fx_norm, rel_res, res, scale, finite)
 
 
 class StepUpdate(NamedTuple):
