@@ -93,9 +93,9 @@ def per_call(call: Callable[[int], Any], n: int, warmup: int = 3) -> tuple[float
 # --- the rows: solve(cell, W, x) -> z*, with cell(W, x, z) -------------------------------------
 
 
-def _deqjax(solver: Any) -> Callable:
+def _deqjax(solver: Any, adjoint: Any = None) -> Callable:
     def solve(cell, w, x):
-        return dq.fixed_point(cell, w, x, jnp.zeros_like(x), solver=solver)[0]
+        return dq.fixed_point(cell, w, x, jnp.zeros_like(x), solver=solver, adjoint=adjoint)[0]
 
     return solve
 
@@ -253,13 +253,6 @@ def _forward(solve: Callable) -> Callable:
     return lambda w, x: solve(cell, w, x)
 
 
-def _with(solver: Any, adjoint: Any) -> Callable:
-    def solve(cell, w, x):
-        return dq.fixed_point(cell, w, x, jnp.zeros_like(x), solver=solver, adjoint=adjoint)[0]
-
-    return solve
-
-
 def breakdown_programs() -> dict[str, Callable[[], Callable]]:
     """The programs of ``--breakdown``: name -> a maker of ``program(w, x)``."""
     programs: dict[str, Callable[[], Callable]] = {}
@@ -267,14 +260,15 @@ def breakdown_programs() -> dict[str, Callable[[], Callable]]:
         ("FixedPointIteration", dq.solvers.FixedPointIteration(max_steps=256)),
         ("Anderson", dq.solvers.anderson),
     ):
+        no_fallback = dq.ImplicitAdjoint(fallback=None)
         gmres_only = dq.ImplicitAdjoint(solver=dq.solvers.GMRES(), fallback=None)
         programs |= {
             f"deqjax {name}: forward only": lambda s=solver: _forward(_deqjax(s)),
-            f"deqjax {name}: gradient, no fallback": lambda s=solver: _gradient(
-                _with(s, dq.ImplicitAdjoint(fallback=None))
+            f"deqjax {name}: gradient, no fallback": lambda s=solver, a=no_fallback: _gradient(
+                _deqjax(s, a)
             ),
             f"deqjax {name}: gradient, GMRES backward only": lambda s=solver, a=gmres_only: (
-                _gradient(_with(s, a))
+                _gradient(_deqjax(s, a))
             ),
             f"deqjax {name}: gradient, default": lambda s=solver: _gradient(_deqjax(s)),
         }
