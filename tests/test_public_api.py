@@ -58,6 +58,7 @@ PUBLIC = {
         "MAX_STEPS",
         "NONFINITE",
         "NormalCG",
+        "PRECISION_FLOOR",
         "Reversible",
         "ReversibleState",
         "STALLED",
@@ -161,6 +162,7 @@ PUBLIC = {
     ],
     "deqjax.harness": [
         "CorpusConfig",
+        "DtypeConfig",
         "Experiment",
         "FloatList",
         "GRADIENTS",
@@ -345,8 +347,9 @@ def test_solver_names():
         dq.solvers.DIVERGED,
         dq.solvers.NONFINITE,
         dq.solvers.STALLED,
+        dq.solvers.PRECISION_FLOOR,
     }
-    assert codes == {0, 1, 2, 3, 4}  # the first four keep their values (DESIGN.md)
+    assert codes == {0, 1, 2, 3, 4, 5}  # the first four keep their values (DESIGN.md)
     assert dq.solvers.status_name(dq.solvers.CONVERGED) == "converged"
     contract = {"value", "num_steps", "abs_residual", "rel_residual", "trace", "status"}
     assert contract | {"f_value", "aux"} <= set(dq.solvers.Solution._fields)

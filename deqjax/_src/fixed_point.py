@@ -7,8 +7,8 @@ from typing import Any, Callable
 import jax
 
 from deqjax._src import adjoints, compiled, tree
+from deqjax._src import precision as precision_lib
 from deqjax._src.normalise import as_solver
-from deqjax._src.precision import check_precision, with_precision
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers.solution import Solution
 
@@ -125,9 +125,15 @@ def fixed_point(
         ``None``. Differentiate the loss with respect to it to receive the implicit backward
         solve's statistics as its gradient (the gradient channel; see ``BackwardStats``).
       precision: the matmul precision of every evaluation of ``f``: in the forward solve, the
-        backward solve and the final VJP (``None``: JAX's default, TF32-class for float32 on
-        NVIDIA GPUs; ``"highest"``: full float32; any value ``jax.default_matmul_precision``
-        accepts). On a GPU, choose ``"highest"`` for tolerances below about 1e-3.
+        backward solve and the final VJP (``None``: the ambient one, JAX's default unless set:
+        TF32-class for float32 on NVIDIA GPUs; ``"highest"``: full float32; any value
+        ``jax.default_matmul_precision`` accepts). The solvers' own products (Anderson's Gram
+        matrix, Broyden's low-rank updates, the Krylov bases) are full precision whatever it is.
+        At a reduced precision each solve (forward and backward) is checked with one more
+        evaluation of ``f`` at full precision, so its status and residuals hold at full
+        precision (a solve that met ``tol`` only in the reduced arithmetic reports
+        ``dq.solvers.PRECISION_FLOOR``). On a GPU, choose ``"highest"`` for tolerances below
+        about 1e-3.
 
     Returns:
       ``(z_star, sol)``, or ``((z_star, aux), sol)`` with ``has_aux``: the fixed point (the
@@ -162,7 +168,7 @@ def fixed_point(
             "backward_stats must be a dq.BackwardStats probe (dq.BackwardStats.zeros()) or None, "
             f"got {type(backward_stats).__name__}."
         )
-    static = (solver, adjoint, has_aux, check_precision(precision))
+    static = (solver, adjoint, has_aux, precision_lib.check_precision(precision))
     args = (params, x, z0, backward_stats)
     out = compiled.run(_run_compiled, f, static, args, traced_operands=False)
     if out is not compiled.NOT_JITTED:
@@ -182,7 +188,8 @@ def _run(
 ) -> tuple[PyTree, Solution]:
     """The solve of :func:`fixed_point` once its arguments are checked (un-jitted)."""
     solver, adjoint, has_aux, precision = static
-    f = with_precision(f, precision)
+    if precision is not None:
+        f = precision_lib.at_precision(f, precision)
     cell = (lambda p, xx, z: f(p, xx, z)[0]) if has_aux else f
     kwargs = {} if backward_stats is None else {"backward_stats": backward_stats}
     z_star, sol = adjoint.solve(cell, solver, params, x, z0, **kwargs)

@@ -3,7 +3,10 @@
 States of a DEQ are arbitrary pytrees of float arrays (a multiscale model carries one array per
 resolution). Leaves may have different float dtypes; reductions are accumulated in
 :func:`reduction_dtype` (at least float32, float64 if any leaf is float64) with explicit casts, so
-the code is valid under ``jax_numpy_dtype_promotion="strict"``.
+the code is valid under ``jax_numpy_dtype_promotion="strict"``. The products over stacked
+histories (:func:`tree_rows_vdot`, :func:`tree_combine_rows`: Anderson's Gram rows and mixing,
+Broyden's low-rank updates) are full precision whatever the ambient matmul precision: a solver's
+own arithmetic must not carry the TF32 rounding that ``precision=`` allows the cell.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 PyTree = Any
+
+# The precision of the solvers' own products (histories here, GMRES's basis).
+HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def reduction_dtype(tree: PyTree) -> jnp.dtype:
@@ -203,7 +209,10 @@ def tree_rows_vdot(stack: PyTree, x: PyTree, batch_ndim: int = 0) -> jax.Array:
     if batch_ndim == 0:
         parts = jax.tree_util.tree_map(
             lambda s, leaf: jnp.tensordot(
-                s.reshape(s.shape[0], -1).astype(dtype), leaf.reshape(-1).astype(dtype), axes=1
+                s.reshape(s.shape[0], -1).astype(dtype),
+                leaf.reshape(-1).astype(dtype),
+                axes=1,
+                precision=HIGHEST,
             ),
             stack,
             x,
@@ -216,7 +225,7 @@ def tree_rows_vdot(stack: PyTree, x: PyTree, batch_ndim: int = 0) -> jax.Array:
         flat_s = s.reshape(n_b, m, -1).astype(dtype)
         flat_x = leaf.reshape(n_b, -1).astype(dtype)
         # One batched matrix-vector product per problem on the batch-major buffer.
-        return jnp.einsum("bmd,bd->bm", flat_s, flat_x).reshape(batch + (m,))
+        return jnp.einsum("bmd,bd->bm", flat_s, flat_x, precision=HIGHEST).reshape(batch + (m,))
 
     leaves = jax.tree_util.tree_leaves(jax.tree_util.tree_map(rows, stack, x))
     return sum(leaves[1:], leaves[0])
@@ -229,7 +238,7 @@ def tree_combine_rows(coeffs: jax.Array, stack: PyTree, batch_ndim: int = 0) -> 
     """
     if batch_ndim == 0:
         return jax.tree_util.tree_map(
-            lambda s: jnp.tensordot(coeffs.astype(s.dtype), s, axes=1), stack
+            lambda s: jnp.tensordot(coeffs.astype(s.dtype), s, axes=1, precision=HIGHEST), stack
         )
 
     def combine(s):
@@ -237,7 +246,7 @@ def tree_combine_rows(coeffs: jax.Array, stack: PyTree, batch_ndim: int = 0) -> 
         n_b = int(np.prod(batch))
         flat_s = s.reshape(n_b, m, -1)
         flat_c = coeffs.astype(s.dtype).reshape(n_b, m)
-        out = jnp.einsum("bm,bmd->bd", flat_c, flat_s)
+        out = jnp.einsum("bm,bmd->bd", flat_c, flat_s, precision=HIGHEST)
         return out.reshape(batch + s.shape[batch_ndim + 1 :])
 
     return jax.tree_util.tree_map(combine, stack)

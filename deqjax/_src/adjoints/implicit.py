@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from deqjax._src import precision as precision_lib
 from deqjax._src import tree
 from deqjax._src.adjoints import backward_stats as stats_lib
 from deqjax._src.adjoints import base as adjoint_base
@@ -145,24 +146,54 @@ def resolve_backward(
 # --- the backward solve: first solve, fallback, failure policy -----------------------------------
 
 
-def linearise(f: CellFn, params: PyTree, x: PyTree, z_star: PyTree) -> Callable:
+@dataclasses.dataclass(frozen=True)
+class Linearisation:
+    """The VJP of the cell at ``(params, x, z*)``, called like the function ``jax.vjp`` returns.
+
+    Attributes:
+      vjp: ``u ↦ uᵀ ∂f/∂(params, x, z)`` at the cell's matmul precision.
+      full: the same at full precision where the cell's is reduced, else ``None``: the backward
+        solves check their result with it (:mod:`deqjax._src.solvers.verify`), so that their
+        statistics hold at full precision.
+      precision: the cell's precision, for messages.
+    """
+
+    vjp: Callable
+    full: Callable | None = None
+    precision: str = "default"
+
+    def __call__(self, u: PyTree) -> tuple[PyTree, PyTree, PyTree]:
+        return self.vjp(u)
+
+
+def linearise(f: CellFn, params: PyTree, x: PyTree, z_star: PyTree) -> Linearisation:
     """The VJP of ``f`` at ``(params, x, z*)`` in all three arguments, linearised once.
 
     The backward solve needs its ``z`` part (``u ↦ J_f(z*)ᵀ u``, every iteration) and the final
     gradient its ``(params, x)`` part: one linearisation serves both, so the program traces and
     compiles ``f``'s forward at ``z*`` once (in a loop body the unused cotangents are dead code).
+    Where ``f`` runs at a reduced matmul precision a second linearisation, at full precision,
+    serves the check of the backward solves (one evaluation of its VJP each, after their loops).
     """
-    _, vjp = jax.vjp(f, params, x, z_star)
-    return vjp
+    with precision_lib.watching() as watch:
+        _, vjp = jax.vjp(f, params, x, z_star)
+    full, precision = precision_lib.full_twin(f, watch)
+    vjp_full = None if full is None else jax.vjp(full, params, x, z_star)[1]
+    return Linearisation(vjp, vjp_full, precision)
 
 
 def adjoint_map(vjp: Callable, cotangent: PyTree) -> Callable[[PyTree], PyTree]:
-    """``u ↦ g + J_f(z*)ᵀ u`` (DEQ paper, Eq. 11), with ``vjp`` from :func:`linearise`."""
+    """``u ↦ g + J_f(z*)ᵀ u`` (DEQ paper, Eq. 11), with ``vjp`` from :func:`linearise`; with a
+    :class:`Linearisation`, a :class:`~deqjax._src.precision.TwinMap` that carries the map at
+    full precision too (``None`` where the cell's products are full precision)."""
 
-    def h(u: PyTree) -> PyTree:
-        return tree.tree_add(cotangent, vjp(u)[2])
+    def at(vjp_fn: Callable) -> Callable[[PyTree], PyTree]:
+        return lambda u: tree.tree_add(cotangent, vjp_fn(u)[2])
 
-    return h
+    if not isinstance(vjp, Linearisation):
+        return at(vjp)
+    full = None if vjp.full is None else at(vjp.full)
+    return precision_lib.TwinMap(at(vjp.vjp), full, vjp.precision)
 
 
 def backward_solve(

@@ -128,6 +128,8 @@ def _bwd(f, solver, config, residuals, cotangents):
     vjp_all = implicit.linearise(f, params, x, z_star)
     u = _estimate(vjp_all, g, inverse, config.refine_steps)
     g_params, g_x, jt_u = vjp_all(u)
+    if vjp_all.full is not None:  # the cell runs at reduced precision: check at full precision
+        jt_u = vjp_all.full(u)[2]
     rel_res = _relative_residual(g, u, jt_u, config.batch_ndim, tree.reduction_dtype(z_star))
     poor = ~(rel_res <= config.fallback_tol)  # also NaN / inf
     # Ones computed from values (not ones_like, which is unbatched under vmap): an unbatched

@@ -50,7 +50,7 @@ class DEQSettings:
     precision: str | None = None
 
     def __post_init__(self):
-        check_precision(self.precision)
+        object.__setattr__(self, "precision", check_precision(self.precision))
         solver = solvers.Anderson() if self.solver is None else self.solver
         object.__setattr__(self, "solver", as_solver(solver, name="solver"))
         if self.eval_solver is not None:

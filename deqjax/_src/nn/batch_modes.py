@@ -33,7 +33,6 @@ import jax.numpy as jnp
 from deqjax import solvers
 from deqjax._src import fixed_point as fixed_point_lib
 from deqjax._src.nn import per_forward
-from deqjax._src.precision import with_precision
 
 PyTree = Any
 SolveFn = Callable[[Any, PyTree, PyTree, Any], tuple[PyTree, solvers.Solution]]
@@ -84,14 +83,13 @@ def solve_batch(
     solver: solvers.Solver,
     adjoint: Any,
     backward_stats: Any,
-    precision: str | None = None,
 ) -> SolveFn:
     """``solve(params, x, z0, key)``: prepare the pass's context, then :func:`dq.fixed_point`
     of the step phase, on arrays with a batch axis (of 1 in the vmap mode); both phases at the
-    matmul ``precision``."""
+    cell's matmul precision (``cell.precision``)."""
 
     def solve(params, x, z0, key):
-        ctx = with_precision(cell.prepare, precision)(params, key, x, z0)
+        ctx = cell.prepare(params, key, x, z0)
         return fixed_point_lib.fixed_point(
             cell.step,
             (params, ctx),
@@ -100,7 +98,6 @@ def solve_batch(
             solver=solver,
             adjoint=adjoint,
             backward_stats=backward_stats,
-            precision=precision,
         )
 
     return solve

@@ -85,7 +85,7 @@ from deqjax import solvers
 from deqjax._src import adjoints, checks, tree
 from deqjax._src.nn import batch_modes, per_forward
 from deqjax._src.normalise import accepts_keyword, as_solver
-from deqjax._src.precision import check_precision, with_precision
+from deqjax._src.precision import check_precision
 
 PyTree = Any
 Cell = Callable[..., PyTree]
@@ -276,17 +276,14 @@ class DEQ(hk.Module):
         mode = batch_modes.mode_of(self.per_example, solver)
         if mode is not batch_modes.Mode.WHOLE_BATCH:
             batch_modes.batch_size((x, z0), "x and z0")
-        cell = per_forward.phased_cell(self._cell_fn(is_training))
+        cell = per_forward.phased_cell(self._cell_fn(is_training), self.precision)
         init_key = hk.next_rng_key() if hk.running_init() else None
         with batch_modes.naming_user_shapes(x, z0, mode):
             lift = hk.lift(cell.init, allow_reuse=True)
             params = lift(init_key, *batch_modes.init_inputs(mode, x, z0))
         mode_solver = batch_modes.mode_solver(mode, solver)
-        solve = batch_modes.solve_batch(
-            cell, mode_solver, self.adjoint, backward_stats, self.precision
-        )
+        solve = batch_modes.solve_batch(cell, mode_solver, self.adjoint, backward_stats)
         bound = batch_modes.bind(mode, cell, solve, params, x, hk.maybe_next_rng_key())
-        bound = bound._replace(cell_fn=with_precision(bound.cell_fn, self.precision))
         with batch_modes.naming_user_shapes(x, z0, mode):
             if hk.running_init() and not self.solve_at_init:
                 # Skip the solve (compiling it for init would double the compile time): z* :=

@@ -29,6 +29,9 @@ from typing import Any, NamedTuple
 
 import haiku as hk
 import jax
+import jmp
+
+from deqjax._src import precision as precision_lib
 
 PyTree = Any
 
@@ -99,13 +102,24 @@ class PhasedCell(NamedTuple):
     """A Haiku cell as the pure functions of the two phases (module docstring).
 
     Made by :func:`phased_cell`. ``params`` are the cell's parameters, ``ctx`` its per-forward
-    values (Haiku state), ``key`` the forward pass's rng key (or ``None``).
+    values (Haiku state), ``key`` the forward pass's rng key (or ``None``). Both phases, and so
+    every evaluation of the cell a DEQ makes, run at the matmul ``precision``
+    (:func:`deqjax._src.precision.at_precision`) and cast the parameters to the compute dtype of
+    the mixed-precision ``policy``: Haiku applies a policy (``hk.mixed_precision``) only while
+    the module's call is traced, and the implicit backward re-traces the cell after it.
 
     Attributes:
       inner: ``hk.transform_with_state`` of ``cell_fn(x, z)``.
+      precision: the cell's matmul precision (``None``: the ambient one).
+      policy: the mixed-precision policy in force where the DEQ was called, or ``None``.
     """
 
     inner: hk.TransformedWithState
+    precision: str | None = None
+    policy: jmp.Policy | None = None
+
+    def _cast(self, params: hk.Params) -> hk.Params:
+        return params if self.policy is None else self.policy.cast_to_compute(params)
 
     def init(self, key: jax.Array | None, x: PyTree, z: PyTree) -> hk.Params:
         """The cell's parameters (run once, in the prepare phase)."""
@@ -115,23 +129,34 @@ class PhasedCell(NamedTuple):
 
     def prepare(self, params: hk.Params, key: jax.Array | None, x: PyTree, z: PyTree) -> PyTree:
         """``ctx``: every ``per_forward`` value of one forward pass, computed at ``z``."""
-        with _phase(_PREPARE):
-            _, ctx = self.inner.apply(params, {}, key, x, z)
-        return ctx
+
+        def run(params, key, x, z):
+            with _phase(_PREPARE):
+                return self.inner.apply(self._cast(params), {}, key, x, z)[1]
+
+        return precision_lib.at_precision(run, self.precision)(params, key, x, z)
 
     def step(self, params_ctx: tuple[hk.Params, PyTree], x_key: tuple[PyTree, Any], z: PyTree):
         """``f(z)`` with the per-forward values of ``ctx``: the ``f(params, x, z)`` that
         :func:`deqjax.fixed_point` solves, ``params = (params, ctx)`` and ``x = (x, key)``."""
-        (params, ctx), (x, key) = params_ctx, x_key
-        with _phase(_STEP):
-            z_new, _ = self.inner.apply(params, ctx, key, x, z)
-        return z_new
+
+        def run(params_ctx, x_key, z):
+            (params, ctx), (x, key) = params_ctx, x_key
+            with _phase(_STEP):
+                return self.inner.apply(self._cast(params), ctx, key, x, z)[0]
+
+        return precision_lib.at_precision(run, self.precision)(params_ctx, x_key, z)
 
     def apply(self, params: hk.Params, x: PyTree, z: PyTree, key: jax.Array | None) -> PyTree:
         """One evaluation ``f(z)`` of a forward pass on its own (its ``ctx`` recomputed)."""
         return self.step((params, self.prepare(params, key, x, z)), (x, key), z)
 
 
-def phased_cell(cell_fn: Callable[[PyTree, PyTree], PyTree]) -> PhasedCell:
-    """The two-phase form of ``cell_fn(x, z) -> z``, a function that creates Haiku modules."""
-    return PhasedCell(hk.transform_with_state(cell_fn))
+def phased_cell(
+    cell_fn: Callable[[PyTree, PyTree], PyTree], precision: str | None = None
+) -> PhasedCell:
+    """The two-phase form of ``cell_fn(x, z) -> z``, a function that creates Haiku modules, at
+    the matmul ``precision`` (a value :func:`~deqjax._src.precision.check_precision` returned)
+    and under the mixed-precision policy in force (``hk.mixed_precision.current_policy``)."""
+    policy = hk.mixed_precision.current_policy()
+    return PhasedCell(hk.transform_with_state(cell_fn), precision, policy)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from deqjax._src import tree
 from deqjax._src.solvers import loop as loop_lib
-from deqjax._src.solvers import stopping
+from deqjax._src.solvers import stopping, verify
 from deqjax._src.solvers.options import DriverOptions, check_sample_steps
 from deqjax._src.solvers.problem import Problem, check_problem
 from deqjax._src.solvers.solution import Solution
@@ -200,7 +200,7 @@ def solve(problem: Problem, options: DriverOptions, rule: ProposalRule) -> Solut
     if sample_ids is not None:
         samples = _fill_samples(c.samples, sample_ids, book.num_steps, c.best_x, bn)
     end = LoopEnd(c.k, book.num_steps, c.state, c.extra, c.best_x)
-    return Solution(
+    sol = Solution(
         value=c.best_x,
         num_steps=book.num_steps,
         abs_residual=book.abs_residual,
@@ -212,6 +212,7 @@ def solve(problem: Problem, options: DriverOptions, rule: ProposalRule) -> Solut
         aux=c.best_aux if problem.has_aux else None,
         **({} if rule.finish is None else rule.finish(end)),
     )
+    return verify.verified(problem, stopping.fixed_point_rule(options), sol)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -47,13 +47,11 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import tree
-from deqjax._src.solvers import stopping
+from deqjax._src.solvers import stopping, verify
 from deqjax._src.solvers.problem import Problem
 from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
-
-_HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _normalize(t: PyTree, norm: jax.Array, thresh: jax.Array) -> tuple[PyTree, jax.Array]:
@@ -81,7 +79,7 @@ def _cycle_update(basis: PyTree, hess: jax.Array, beta: jax.Array) -> PyTree:
     ``k``; columns not built are unit vectors below the built ones, so their ``y`` is 0)."""
     rhs = jnp.where(jnp.arange(hess.shape[1]) == 0, beta.astype(hess.dtype), 0.0)
     y = jnp.linalg.lstsq(hess.T, rhs)[0]
-    return jax.tree_util.tree_map(lambda v: jnp.dot(v[..., :-1], y, precision=_HIGHEST), basis)
+    return jax.tree_util.tree_map(lambda v: jnp.dot(v[..., :-1], y, precision=tree.HIGHEST), basis)
 
 
 # Columns of _Carry.scalars: evaluations of f charged so far; the step (0: the next evaluation is
@@ -163,10 +161,12 @@ def _body(s: _Setup):
         w = tree.tree_where(at_u, r, av)
         # Classical Gram–Schmidt against the basis (none at a cycle's start).
         parts = jax.tree_util.tree_map(
-            lambda vs, a: jnp.einsum("...n,...->n", vs, a, precision=_HIGHEST), c.basis, w
+            lambda vs, a: jnp.einsum("...n,...->n", vs, a, precision=tree.HIGHEST), c.basis, w
         )
         h = jnp.where(at_u, 0.0, jax.tree_util.tree_reduce(jnp.add, parts))
-        w = jax.tree_util.tree_map(lambda a, vs: a - jnp.dot(vs, h, precision=_HIGHEST), w, c.basis)
+        w = jax.tree_util.tree_map(
+            lambda a, vs: a - jnp.dot(vs, h, precision=tree.HIGHEST), w, c.basis
+        )
         # A vector below eps ‖A v‖ is zero: the Krylov space is invariant and u + V y is exact.
         # ||A v||^2 = ||h||^2 + ||w||^2 (w is A v less its projection on the basis).
         w_norm = tree.tree_norm(w)
@@ -243,14 +243,15 @@ def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
         f_base=_up(z0, rdtype),
     )
     c = jax.lax.while_loop(lambda c: jnp.any(c.book.running), _body(s), init)
-    return solution_of(c, c.scalars[_K], problem)
+    return solution_of(c, c.scalars[_K], problem, rule)
 
 
-def solution_of(c: Any, k: jax.Array, problem: Problem) -> Solution:
+def solution_of(c: Any, k: jax.Array, problem: Problem, rule: stopping.StoppingRule) -> Solution:
     """The :class:`Solution` of a Krylov loop's final carry (fields ``best_u``, ``best_fu``,
-    ``best_aux``, ``book``) after ``k`` evaluations charged: this loop's and the chunked driver's
-    in ``krylov.py``."""
-    return Solution(
+    ``best_aux``, ``book``) after ``k`` evaluations charged, checked at full precision
+    (:mod:`~deqjax._src.solvers.verify`): this loop's and the chunked driver's in
+    ``krylov.py``."""
+    sol = Solution(
         value=c.best_u,
         num_steps=jnp.broadcast_to(k, problem.batch_shape).astype(jnp.int32),
         abs_residual=c.book.abs_residual,
@@ -260,3 +261,4 @@ def solution_of(c: Any, k: jax.Array, problem: Problem) -> Solution:
         f_value=c.best_fu,
         aux=c.best_aux if problem.has_aux else None,
     )
+    return verify.verified(problem, rule, sol)

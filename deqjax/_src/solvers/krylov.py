@@ -172,7 +172,7 @@ def _run_chunks(problem: Problem, rule: stopping.StoppingRule, method: _Chunks) 
         _chunk_step(problem, rule, method, operators, b),
         init,
     )
-    return gmres_lib.solution_of(c, c.k, problem)
+    return gmres_lib.solution_of(c, c.k, problem, rule)
 
 
 def _chunked(chunk_solve: Callable[..., PyTree], cost: int, needs_transpose: bool) -> _Method:

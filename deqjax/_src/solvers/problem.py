@@ -2,7 +2,10 @@
 
 :func:`check_problem` checks that ``f`` maps ``z0``'s pytree to one of the same structure, shapes
 and dtypes (one abstract evaluation, ``jax.eval_shape``), that ``z0`` is a float pytree with the
-declared batch axes, and, with ``has_aux``, that ``f`` returns a pair ``(z, aux)``. It returns the
+declared batch axes, and, with ``has_aux``, that ``f`` returns a pair ``(z, aux)``. The same
+abstract evaluation tells whether ``f``'s products run at reduced matmul precision
+(:func:`deqjax._src.precision.full_twin`): then the problem carries ``f`` at full precision too,
+for the check of the solve's result (:mod:`deqjax._src.solvers.verify`). It returns the
 :class:`Problem` every solver then runs on.
 """
 
@@ -14,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from deqjax._src import precision as precision_lib
 from deqjax._src import tree
 
 PyTree = Any
@@ -31,6 +35,8 @@ class Problem(NamedTuple):
       aux0: zeros like ``f``'s ``aux`` (``()`` without ``has_aux``): what a solver's carry holds
         before the first evaluation.
       has_aux: whether ``f`` returns ``(z, aux)``.
+      full_fn: ``fn`` at full matmul precision where ``f`` runs at a reduced one, else ``None``.
+      precision: the matmul precision ``f`` runs at, for messages (``"default"``: JAX's).
     """
 
     fn: Callable[[PyTree], tuple[PyTree, PyTree]]
@@ -40,6 +46,8 @@ class Problem(NamedTuple):
     rdtype: jnp.dtype
     aux0: PyTree
     has_aux: bool
+    full_fn: Callable[[PyTree], tuple[PyTree, PyTree]] | None = None
+    precision: str = "default"
 
 
 def _check_batch_axes(z0: PyTree, batch_ndim: int) -> tuple[int, ...]:
@@ -111,13 +119,21 @@ def check_problem(f: Callable, z0: PyTree, *, batch_ndim: int, has_aux: bool) ->
     tree.check_float_tree(z0, "z0")
     z0 = jax.tree_util.tree_map(jnp.asarray, z0)
     batch_shape = _check_batch_axes(z0, batch_ndim) if batch_ndim else ()
-    out, aux = _split_aux(jax.eval_shape(f, z0), has_aux)
+    with precision_lib.watching() as watch:  # a new function: eval_shape caches by function
+        out, aux = _split_aux(jax.eval_shape(lambda z: f(z), z0), has_aux)
     _check_output(z0, out)
     if has_aux and batch_ndim:
         _check_aux_batch(aux, batch_shape)
+    full, precision = precision_lib.full_twin(f, watch)
     if has_aux:
-        fn = f
+        fn, full_fn = f, full
         aux0 = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), aux)
     else:
-        fn, aux0 = (lambda z: (f(z), ())), ()
-    return Problem(fn, z0, batch_ndim, batch_shape, tree.reduction_dtype(z0), aux0, has_aux)
+        fn, full_fn, aux0 = _with_no_aux(f), None if full is None else _with_no_aux(full), ()
+    rdtype = tree.reduction_dtype(z0)
+    return Problem(fn, z0, batch_ndim, batch_shape, rdtype, aux0, has_aux, full_fn, precision)
+
+
+def _with_no_aux(f: Callable[[PyTree], PyTree]) -> Callable[[PyTree], tuple[PyTree, tuple]]:
+    """``z -> (f(z), ())``: a map without aux in the form the solvers call."""
+    return lambda z: (f(z), ())

@@ -1,6 +1,6 @@
 """What a solve returns: the :class:`Solution` and its status codes.
 
-Every deqjax solver returns a :class:`Solution` whose ``status`` is one of five int32 codes, so a
+Every deqjax solver returns a :class:`Solution` whose ``status`` is one of six int32 codes, so a
 solve never raises or prints and runs under ``jit`` and ``vmap``. :func:`status_name` names one
 code; :func:`deqjax.solvers.summarize` counts the codes of a batch.
 """
@@ -20,6 +20,9 @@ MAX_STEPS = 1
 DIVERGED = 2
 NONFINITE = 3
 STALLED = 4  # no new lowest residual in the solver's last stall_steps evaluations
+# Reached tol in the reduced-precision products f ran in, but not when f is evaluated at full
+# precision at the returned iterate (deqjax._src.solvers.verify).
+PRECISION_FLOOR = 5
 RUNNING = -1
 
 STATUS_NAMES = {
@@ -28,6 +31,7 @@ STATUS_NAMES = {
     DIVERGED: "diverged",
     NONFINITE: "nonfinite",
     STALLED: "stalled",
+    PRECISION_FLOOR: "precision_floor",
 }
 
 
@@ -39,8 +43,8 @@ def status_name(status: Any) -> str:
         of a single solve).
 
     Returns:
-      ``"converged"``, ``"max_steps"``, ``"diverged"``, ``"nonfinite"``, ``"stalled"``, or
-      ``"unknown(<code>)"``.
+      ``"converged"``, ``"max_steps"``, ``"diverged"``, ``"nonfinite"``, ``"stalled"``,
+      ``"precision_floor"``, or ``"unknown(<code>)"``.
 
     Raises:
       ValueError: for an array of codes (a batched solve's ``status``).
@@ -74,16 +78,24 @@ class Solution(NamedTuple):
     With ``batch_ndim = n`` (or under ``jax.vmap``) every field gains the leading batch axes and
     holds per-problem values.
 
+    The status and residuals hold at full precision whatever matmul precision ``f`` ran in: where
+    it ran at reduced precision (JAX's default on GPUs and TPUs, or ``precision=``), the solver
+    evaluates ``f`` once more, at full precision, at ``value`` and reports those residuals; a
+    solve that met ``tol`` only in the reduced arithmetic reports ``PRECISION_FLOOR`` instead of
+    ``CONVERGED`` (:mod:`deqjax._src.solvers.verify`).
+
     Attributes:
       value: pytree like ``z0``: the best iterate seen (the lowest residual among those not blown
         up; see :mod:`deqjax._src.solvers.stopping`).
-      num_steps: int32 ``[*batch]``, the number of evaluations of ``f`` used.
+      num_steps: int32 ``[*batch]``, the number of evaluations of ``f`` in the solver's loop (a
+        solve whose ``f`` runs at reduced matmul precision makes one more, at full precision, to
+        check its result: see above).
       abs_residual: ``||f(value) - value||``.
       rel_residual: ``||f(value) - value|| / ||f(value)||``.
-      trace: ``[*batch, max_steps]`` residual (in ``stop_mode``) after each evaluation; ``+inf``
-        afterwards.
+      trace: ``[*batch, max_steps]`` residual (in ``stop_mode``) after each evaluation, as the
+        loop computed it; ``+inf`` afterwards.
       status: int32, one of ``CONVERGED``, ``MAX_STEPS``, ``DIVERGED``, ``NONFINITE``,
-        ``STALLED``.
+        ``STALLED``, ``PRECISION_FLOOR``.
       f_value: pytree like ``z0``: ``f(value)``, as evaluated by the solver (no extra evaluation);
         a DEQ readout that needs ``f(z*)`` can use it.
       samples: ``None`` unless the solver has ``sample_steps=(s_1, ..., s_n)``: then a pytree

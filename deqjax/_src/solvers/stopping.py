@@ -109,7 +109,7 @@ def check_resolvable(tol: float, stop_mode: str, z0: PyTree) -> None:
     """Warns where a relative ``tol`` is below what the state's dtype can resolve.
 
     An iterate rounded to a dtype with machine epsilon ``eps`` has a relative residual of about
-    ``eps`` at best (bfloat16: 3.9e-3, float16: 9.8e-4, float32: 1.2e-7), whatever precision
+    ``eps`` at best (bfloat16: 7.8e-3, float16: 9.8e-4, float32: 1.2e-7), whatever precision
     the residual is computed in: such a solve ends ``STALLED`` or at ``max_steps``, never
     ``CONVERGED``. Checked once per trace (static dtypes), so it costs nothing in the loop.
     """
