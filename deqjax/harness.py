@@ -3,7 +3,8 @@
 An experiment declares its configuration as a frozen dataclass: its own settings, and sections
 shared between experiments (the run's :class:`RunConfig` / :class:`ResumableRunConfig`,
 :class:`SolverConfig`, :class:`JRConfig`, :class:`OptimizationConfig`, :class:`LoggingConfig`,
-:class:`MultiHostConfig`; the models' :class:`MLPClassifierConfig`, :class:`InitSweepConfig`,
+:class:`MultiHostConfig`, the compute dtype's :class:`DtypeConfig`; the models'
+:class:`MLPClassifierConfig`, :class:`InitSweepConfig`,
 :class:`SequenceModelConfig`, :class:`MDEQConfig` and the corpus's :class:`CorpusConfig`, each
 building what it describes). It gets its command line from tyro: one flag per setting, named as the
 field (``--train_size``), with no section prefix; checked types (:data:`PositiveInt`,
@@ -35,6 +36,7 @@ from deqjax._src.harness.classifier_config import (
 )
 from deqjax._src.harness.cli import parse_config
 from deqjax._src.harness.corpus_config import CorpusConfig
+from deqjax._src.harness.dtype_config import DtypeConfig
 from deqjax._src.harness.experiment import Experiment
 from deqjax._src.harness.figures import (
     line_plot,
@@ -87,6 +89,7 @@ from deqjax._src.training.metrics import format_metrics, format_value, to_python
 
 __all__ = [
     "CorpusConfig",
+    "DtypeConfig",
     "Experiment",
     "FloatList",
     "GRADIENTS",

@@ -15,8 +15,13 @@ in ``--out_dir`` (default ``runs/fashion_mnist``): ``config.json``, ``metrics.js
 ``--sweep``: the init paper's Fig. 5 at reduced cost (test error vs init scale, Gaussian /
 orthogonal / GOE, several seeds): ``sweep.csv``, ``sweep_summary.csv``, ``sweep.png``.
 
+``--dtype bfloat16`` (or ``float16``) computes the model in that dtype with float32 parameters and
+optimizer state (a jmp policy; float16 with a static loss scale); it needs ``--tol`` and
+``--bwd_tol`` the dtype resolves (bfloat16: 0.01).
+
 Usage:
   python experiments/fashion_mnist.py                       # the main job (README's first command)
+  python experiments/fashion_mnist.py --dtype bfloat16 --tol 1e-2 --bwd_tol 1e-2
   python experiments/fashion_mnist.py --epochs 1 --no_jr    # quicker, no Jacobian regularisation
   python experiments/fashion_mnist.py --resume              # continue a killed run
   python experiments/fashion_mnist.py --sweep               # Fig. 5 at reduced cost
@@ -67,6 +72,7 @@ class Config:
     test_size: harness.NonNegativeInt = 0  # test subset (0: all)
     model: harness.MLPClassifierConfig = harness.MLPClassifierConfig()
     solver: harness.SolverConfig = harness.SolverConfig()
+    compute: harness.DtypeConfig = harness.DtypeConfig()
     regularization: harness.JRConfig = harness.JRConfig()
     optimization: harness.OptimizationConfig = harness.OptimizationConfig(
         epochs=4, lr=2e-3, warmup_steps=100
@@ -82,7 +88,7 @@ def check(c: Config) -> str | None:
         return "--data_dir is only read with --dataset fashion_mnist (digits are bundled)."
     if c.init_sweep.sweep and (c.run.resume or c.regularization.adaptive_gamma):
         return "--resume and --adaptive_gamma are not supported with --sweep."
-    return None
+    return c.compute.check_tol(tol=c.solver.tol, bwd_tol=c.solver.bwd_tol)
 
 
 def setup(c: Config):
@@ -98,7 +104,7 @@ def run(c: Config, inputs, ctx):
     if c.init_sweep.sweep:
         return sweep(c, inputs, ctx)
     (train, test, source), num_steps = inputs, ctx.config["num_steps"]
-    fns = c.model.fns(c.solver, c.regularization)
+    fns = c.model.fns(c.solver, c.regularization, compute=c.compute)
     _, ctrl = c.regularization.build(c.solver.tol)
     on_batches = harness.batch_fns(fns, c.regularization.gamma, ctrl)
     schedule, opt = c.optimization.optimizer(num_steps)
@@ -118,6 +124,7 @@ def run(c: Config, inputs, ctx):
         train_data=data.ShuffledBatches(train, batch_size=batch_size, seed=c.run.seed),
         rng=jax.random.PRNGKey(c.run.seed),
         per_device_rng=False,  # one JR coin per global batch
+        loss_scale=c.compute.loss_scale(),
         reg_state=ctrl.init() if ctrl else (),
         update_reg_state=(lambda rs, m, s: ctrl.update(rs, m["rel_residual"])) if ctrl else None,
         eval_fn=on_batches.evaluate,
@@ -148,11 +155,13 @@ def run(c: Config, inputs, ctx):
 def sweep(c: Config, inputs, ctx):
     """Test error vs init scale per family and seed; one compiled step reused by every run."""
     (train, test, source), num_steps = inputs, ctx.config["num_steps"]
-    on_batches = harness.batch_fns(c.model.fns(c.solver, c.regularization), c.regularization.gamma)
+    fns = c.model.fns(c.solver, c.regularization, compute=c.compute)
+    on_batches = harness.batch_fns(fns, c.regularization.gamma)
     first = jnp.asarray(train["image"][:1])
 
     def init(family, scale, seed):
-        run_fns = c.model.fns(c.solver, c.regularization, family=family, scale=scale)
+        kw = {"family": family, "scale": scale, "compute": c.compute}
+        run_fns = c.model.fns(c.solver, c.regularization, **kw)
         return run_fns.init(jax.random.PRNGKey(seed), first)
 
     rows = harness.short_runs(

@@ -18,6 +18,9 @@ forward NFE and relative residual (NaN: explicit), ``||J||²_F / d``, step time,
 bytes of the step (a PROXY for peak activation memory), carried memory, params; ``loss.png``,
 ``deq_solver.png``, ``metrics_<model>.jsonl``, checkpoints (``--resume``).
 
+``--dtype bfloat16`` (or ``float16``): every model computes in that dtype, float32 parameters and
+optimizer state (a jmp policy); bfloat16 needs ``--tol 1e-2``.
+
 Usage: ``python -m experiments.language_model [--smoke]`` (KJV, 300 steps/model: ~3 min, 2 CPUs)
 """
 
@@ -57,7 +60,12 @@ class Config:
     clip: PositiveFloat = 0.25  # global gradient-norm clip
     data: harness.CorpusConfig = harness.CorpusConfig()
     deq: harness.SequenceModelConfig = harness.SequenceModelConfig()
+    compute: harness.DtypeConfig = harness.DtypeConfig()
     run: harness.ResumableRunConfig = harness.ResumableRunConfig()
+
+
+def check(c: Config) -> str | None:
+    return c.compute.check_tol(tol=c.deq.tol)
 
 
 def setup(c: Config):
@@ -76,7 +84,7 @@ def run_model(kind: str, depth: int, c: Config, inputs, ctx) -> dict:
     wall0 = time.perf_counter()
     vocab, train, valid = inputs
     embed_init = hk.initializers.RandomNormal(0.02)
-    model = c.deq.transform(vocab, kind, depth=depth, embed_init=embed_init)
+    model = c.deq.transform(vocab, kind, depth=depth, embed_init=embed_init, compute=c.compute)
     b, t, m = c.batch_size, c.seq_len, (c.mem_len or c.seq_len)
     mem0 = memory(kind, depth, c, b // jax.device_count())  # fit's carry: per device
     first = next(data.LMBatches(train, num_streams=b, segment_length=t))
@@ -84,7 +92,8 @@ def run_model(kind: str, depth: int, c: Config, inputs, ctx) -> dict:
     opt = optax.chain(optax.clip_by_global_norm(c.clip), optax.adam(c.learning_rate))
     loss_fn = dq.models.lm_loss(model, memory_length=m if c.memory else None)
     carry = () if mem0 is None else mem0
-    pair = training.train_step(loss_fn, opt, axis_name=None, with_carry=True)
+    scale = c.compute.loss_scale()
+    pair = training.train_step(loss_fn, opt, axis_name=None, with_carry=True, loss_scale=scale)
     state = pair.init(params, jax.random.PRNGKey(0), carry=carry)
     _, mem_bytes = training.compile_with_memory(pair.update, state, first)  # the proxy
     trained = ctx.fit(
@@ -98,6 +107,7 @@ def run_model(kind: str, depth: int, c: Config, inputs, ctx) -> dict:
         num_steps=c.steps,
         rng=jax.random.PRNGKey(c.run.seed + 1),
         carry=carry,
+        loss_scale=scale,
         log_every=1,
         desc=kind,
     )
@@ -177,6 +187,7 @@ EXPERIMENT = harness.Experiment(
     config=Config(),
     setup=setup,
     run=run,
+    check=check,
     smoke=SMOKE,
     safe_on_resume=("steps", "eval_segments"),
     outputs=("loss.png", "deq_solver.png"),

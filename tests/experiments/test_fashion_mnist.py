@@ -114,6 +114,30 @@ def test_missing_data_fails_fast_with_paths(tmp_path, capsys):
     assert "nowhere" in err and "dataset-fashion-mnist" in err
 
 
+def test_bfloat16_main_job_records_its_dtype_and_learns(tmp_path):
+    out = tmp_path / "bf16"
+    argv = ["--smoke", "--dataset", "digits", "--dtype", "bfloat16", "--tol", "1e-2"]
+    argv += ["--bwd_tol", "1e-2", "--out_dir", str(out), "--no_progress", "--no_jr"]
+    summary = _run(argv)
+    config = json.load(open(out / "config.json"))
+    assert config["dtype"] == "bfloat16" and config["tol"] == 0.01
+    assert summary["test"]["accuracy"] > 0.5  # chance: 0.1
+    # Parameters and optimizer state stay float32 (the checkpoint's).
+    import orbax.checkpoint as ocp
+
+    step = max(d for d in os.listdir(out / "ckpt") if d.isdigit())
+    state = ocp.StandardCheckpointer().restore(str(out / "ckpt" / step / "state"))
+    floats = [a for a in jax.tree_util.tree_leaves(state) if np.issubdtype(a.dtype, np.floating)]
+    assert floats and {a.dtype for a in floats} == {np.dtype(np.float32)}
+
+
+def test_a_tolerance_the_dtype_cannot_resolve_is_refused(tmp_path, capsys):
+    assert _exit_code(["--dtype", "bfloat16", "--out_dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--tol 0.001" in err and "--dtype bfloat16" in err and "--tol 0.01" in err
+    assert not os.path.exists(tmp_path / "o")
+
+
 def test_load_data_standardises_and_subsets():
     train, test, source = data.load_classification("digits", train_size=100, test_size=50, seed=1)
     assert train["image"].shape == (100, 64) and test["image"].shape == (50, 64)

@@ -21,6 +21,16 @@ def test_flags_keep_their_names():
     assert lm.EXPERIMENT.parse(["--memory"]).memory
 
 
+def test_dtype_flag_and_its_tolerance_check(tmp_path, capsys):
+    c = lm.EXPERIMENT.parse(["--dtype", "bfloat16", "--tol", "1e-2"])
+    assert c.compute.dtype == "bfloat16" and lm.check(c) is None
+    with pytest.raises(SystemExit) as stop:
+        lm.main(["--dtype", "bfloat16", "--out_dir", str(tmp_path / "o")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--tol 0.001" in err and "--dtype bfloat16" in err
+
+
 @pytest.mark.slow  # ~20 s alone, ~60 s on a loaded 2-core machine
 def test_language_model_smoke(tmp_path):
     summary = run_smoke(

@@ -42,3 +42,32 @@ def test_four_devices_match_one_device(tmp_path):
     assert one["losses"][-1] < one["losses"][0]
     assert four["reg_state"]["count"] == 8
     np.testing.assert_allclose(four["reg_state"]["loss_sum"], sum(one["losses"]), rtol=1e-5)
+
+
+def test_a_loss_scale_scales_the_gradient_it_takes_and_nothing_it_reports():
+    """float16 models train on a scaled loss (``loss_scale``, jmp): the gradient is unscaled
+    before it is averaged, logged or applied; a gradient that overflows is skipped."""
+    import jmp
+
+    def loss_fn(params, batch, key, reg_state, step):
+        return jnp.mean((batch["x"] @ params["w"] - 1.0) ** 2), {}
+
+    batch = {"x": np.arange(12, dtype=np.float32).reshape(4, 3)}
+    params = {"w": jnp.full((3,), 0.1, jnp.float32)}
+    opt = optax.sgd(0.01)
+    runs = {}
+    for name, scale in {"none": None, "scaled": jmp.StaticLossScale(jnp.float32(2.0**10))}.items():
+        pair = training.train_step(loss_fn, opt, axis_name=None, loss_scale=scale)
+        runs[name] = jax.jit(pair.update)(pair.init(params, jax.random.PRNGKey(0)), batch)
+    (plain, m_plain), (scaled, m_scaled) = runs["none"], runs["scaled"]
+    np.testing.assert_allclose(scaled.params["w"], plain.params["w"], rtol=1e-6)
+    assert float(m_scaled["loss"]) == pytest.approx(float(m_plain["loss"]))
+    assert float(m_scaled["grad_norm"]) == pytest.approx(float(m_plain["grad_norm"]), rel=1e-6)
+    # A scale that overflows float16's range makes the gradient non-finite: the step is skipped.
+    huge = jmp.StaticLossScale(jnp.float32(3.0e38))
+    pair = training.train_step(
+        loss_fn, training.skip_nonfinite(opt), axis_name=None, loss_scale=huge
+    )
+    new, metrics = jax.jit(pair.update)(pair.init(params, jax.random.PRNGKey(0)), batch)
+    np.testing.assert_array_equal(new.params["w"], params["w"])
+    assert float(metrics["skipped_updates"]) == 1.0

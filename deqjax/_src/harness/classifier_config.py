@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 import deqjax as dq
+from deqjax._src.harness.dtype_config import FLOAT32, DtypeConfig
 from deqjax._src.harness.flag_types import (
     FloatList,
     IntList,
@@ -71,6 +72,7 @@ class MLPClassifierConfig:
         *,
         family: str | None = None,
         scale: float | None = None,
+        compute: DtypeConfig = FLOAT32,
         **model_kwargs: Any,
     ) -> dq.models.ClassifierFns:
         """The classifier's pure functions (:func:`deqjax.models.classifier_fns`).
@@ -80,6 +82,8 @@ class MLPClassifierConfig:
           jr: the Jacobian regulariser of the loss (its adaptive γ is the caller's).
           family, scale: the recurrent weights' initialisation (default ``--init``,
             ``--init_scale``); only ``init`` depends on them.
+          compute: the compute dtype (``--dtype``): every function runs the classifier under
+            its mixed-precision policy.
           **model_kwargs: further :class:`deqjax.models.MLPClassifier` arguments.
         """
         forward, adjoint = solver.solver_and_adjoint()
@@ -96,12 +100,14 @@ class MLPClassifierConfig:
             **model_kwargs,
         )
         regularizer, _ = jr.build(solver.tol)
-        return dq.models.classifier_fns(
+        fns = dq.models.classifier_fns(
             model,
             regularizer=regularizer,
             backward_solver=solver.backward(),
             diag_power_steps=self.diag_power_steps,
         )
+        classifier = dq.models.MLPClassifier
+        return fns._replace(**{k: compute.apply(classifier, f) for k, f in fns._asdict().items()})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal
 import haiku as hk
 
 import deqjax as dq
+from deqjax._src.harness.dtype_config import FLOAT32, DtypeConfig
 from deqjax._src.harness.flag_types import (
     NonNegativeFloat,
     NonNegativeInt,
@@ -67,11 +68,18 @@ class SequenceModelConfig:
         }
 
     def transform(
-        self, vocab_size: int, kind: str, cell: str = "transformer", **model_kwargs: Any
+        self,
+        vocab_size: int,
+        kind: str,
+        cell: str = "transformer",
+        *,
+        compute: DtypeConfig = FLOAT32,
+        **model_kwargs: Any,
     ) -> hk.Transformed:
         """``apply(params, rng, *inputs, is_training) -> (logits, aux)`` of the
         :class:`deqjax.models.SequenceModel` of ``kind`` (``deq``, ``tied``, ``untied``) and
-        ``cell``, with :meth:`model_kwargs` and ``model_kwargs`` (e.g. ``depth``)."""
+        ``cell``, with :meth:`model_kwargs` and ``model_kwargs`` (e.g. ``depth``), computing in
+        ``compute``'s dtype (``--dtype``; float32 parameters)."""
         kwargs = self.model_kwargs() | model_kwargs
 
         def forward(*args: Any) -> Any:
@@ -79,4 +87,6 @@ class SequenceModelConfig:
             model = dq.models.SequenceModel(vocab_size, kind, cell, **kwargs)
             return model(*inputs, is_training=is_training)
 
-        return hk.transform(forward)
+        model = hk.transform(forward)
+        apply = compute.apply(dq.models.SequenceModel, model.apply)
+        return hk.Transformed(compute.apply(dq.models.SequenceModel, model.init), apply)

@@ -100,7 +100,9 @@ class MLPClassifier(hk.Module):
         self.per_example = per_example
 
     def __call__(self, images: jax.Array) -> tuple[jax.Array, deq_lib.DEQOutput]:
-        x = images.reshape(images.shape[0], -1).astype(jnp.float32)  # [B, P]
+        policy = hk.mixed_precision.current_policy()  # e.g. bfloat16 compute (--dtype)
+        dtype = jnp.float32 if policy is None else policy.compute_dtype
+        x = images.reshape(images.shape[0], -1).astype(dtype)  # [B, P]
         cell = mlp_cell.MLPCell(self.hidden, form=self.cell_form, w_init=self.w_init)
         width = self.width
         deq = deq_lib.DEQ(

@@ -101,6 +101,7 @@ def relative_attention(
     scores = (content + rel_shift(position)) / jnp.sqrt(jnp.asarray(d_head, q.dtype))
     mask = causal_mask(num_q, num_k)  # [T, K]
     mask = jnp.broadcast_to(mask, scores.shape)
-    scores = jnp.where(mask, scores, jnp.asarray(-1e30, scores.dtype))
+    # The most negative finite value of the scores' dtype (-1e30 would be -inf in float16).
+    scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
     probs = jax.nn.softmax(scores, axis=-1)  # [..., H, T, K]
     return jnp.einsum("...hij,...jhd->...ihd", probs, v)  # [..., T, H, Dh]

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jmp
 import numpy as np
 import optax
 
@@ -98,6 +99,7 @@ def fit(
     update_reg_state: RegUpdateFn | None = None,
     learning_rate_fn: optax.Schedule | None = None,
     per_device_rng: bool = True,
+    loss_scale: jmp.LossScale | None = None,
     eval_fn: EvalFn | None = None,
     eval_data: Mapping[str, np.ndarray] | None = None,
     eval_batch_size: int | None = None,
@@ -164,6 +166,8 @@ def fit(
         :func:`~deqjax.training.train_step`.
       learning_rate_fn: a schedule, logged as ``"learning_rate"``.
       per_device_rng: see :func:`~deqjax.training.train_step`.
+      loss_scale: a ``jmp`` loss scale for a float16 model; see
+        :func:`~deqjax.training.train_step`.
       eval_fn: ``(params, batch) -> {name: per-example values}``; needs ``eval_data``.
       eval_data: ``{name: array[N, ...]}`` evaluated in full (padded, masked).
       eval_batch_size: global eval batch (default ``train_data.batch_size``).
@@ -214,6 +218,7 @@ def fit(
         update_reg_state=update_reg_state,
         learning_rate_fn=learning_rate_fn,
         per_device_rng=per_device_rng,
+        loss_scale=loss_scale,
     )
     local_devices = _local_devices(devices, train_data)
     evaluator = _Evaluator(
@@ -294,16 +299,17 @@ def _train_step_pair(
     update_reg_state: RegUpdateFn | None,
     learning_rate_fn: optax.Schedule | None,
     per_device_rng: bool,
+    loss_scale: jmp.LossScale | None = None,
 ) -> TrainStep:
     """The user's pair, or one built from ``loss_fn`` and ``optimizer`` (made to skip non-finite
     updates unless ``max_nonfinite_steps`` is None)."""
     if (train_step is None) == (loss_fn is None) or (loss_fn is None) != (optimizer is None):
         raise ValueError("pass either loss_fn and optimizer, or train_step (a TrainStep pair).")
     if train_step is not None:
-        if update_reg_state or learning_rate_fn or not per_device_rng:
+        if update_reg_state or learning_rate_fn or not per_device_rng or loss_scale:
             raise ValueError(
-                "update_reg_state, learning_rate_fn and per_device_rng belong to the train_step "
-                "pair: pass them to deqjax.training.train_step."
+                "update_reg_state, learning_rate_fn, per_device_rng and loss_scale belong to the "
+                "train_step pair: pass them to deqjax.training.train_step."
             )
         return train_step
     if max_nonfinite_steps is not None:
@@ -315,6 +321,7 @@ def _train_step_pair(
         learning_rate_fn=learning_rate_fn,
         per_device_rng=per_device_rng,
         with_carry=with_carry,
+        loss_scale=loss_scale,
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import jmp
 import optax
 
 from deqjax._src import adjoints
@@ -79,6 +80,7 @@ def train_step(
     axis_name: str | None = AXIS,
     backward_stats: bool = False,
     with_carry: bool = False,
+    loss_scale: jmp.LossScale | None = None,
 ) -> TrainStep:
     """Builds the :class:`TrainStep` pair (pure, unmapped) from a loss function.
 
@@ -113,6 +115,10 @@ def train_step(
         language model's memory): ``loss_fn(..., carry=state.carry)`` returns the next carry
         third, stored (gradient stopped) in the new state. A skipped (non-finite) update keeps the
         old carry too. Each device keeps its own carry (its shard of the stream).
+      loss_scale: a ``jmp`` loss scale (e.g. ``jmp.StaticLossScale(2.0**10)`` for a float16
+        model): the gradient is taken of the scaled loss and unscaled before it is averaged,
+        logged or applied (an overflow gives a non-finite gradient, which a
+        :func:`skip_nonfinite` optimizer skips). ``None``: no scaling.
 
     Returns:
       A :class:`TrainStep`. ``metrics`` always contain ``"loss"`` and ``"grad_norm"`` (global norm
@@ -133,7 +139,8 @@ def train_step(
         raise ValueError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
     if update_reg_state is not None and not callable(update_reg_state):
         raise ValueError("update_reg_state must be callable or None.")
-    gradients = _gradient_fn(loss_fn, per_device_rng, axis_name, backward_stats, with_carry)
+    scale = jmp.NoOpLossScale() if loss_scale is None else loss_scale
+    gradients = _gradient_fn(loss_fn, per_device_rng, axis_name, backward_stats, with_carry, scale)
 
     def init(params: PyTree, rng: jax.Array, *, reg_state=(), carry=()) -> TrainState:
         return create_train_state(params, optimizer, rng, reg_state=reg_state, carry=carry)
@@ -168,20 +175,29 @@ def train_step(
 
 
 def _gradient_fn(
-    loss_fn: Callable, per_device_rng: bool, axis_name: str | None, stats: bool, with_carry: bool
+    loss_fn: Callable,
+    per_device_rng: bool,
+    axis_name: str | None,
+    stats: bool,
+    with_carry: bool,
+    loss_scale: jmp.LossScale,
 ) -> Callable[[TrainState, PyTree], tuple]:
     """``(state, batch) -> (next rng, loss, metrics, grads, carry)``: one device's gradient.
 
     The step key is split from ``state.rng`` (folded with the device index when
     ``per_device_rng``); with ``stats`` the implicit backward solves' statistics arrive as the
-    gradient of a :class:`~deqjax.BackwardStats` probe and join the metrics.
+    gradient of a :class:`~deqjax.BackwardStats` probe and join the metrics (the implicit
+    backward writes them as the probe's cotangent, whatever the loss's scale). The parameters'
+    gradient is that of ``loss_scale.scale(loss)``, unscaled.
     """
 
     def objective(*args):
         if not with_carry:
-            return loss_fn(*args[:-1])
-        loss, metrics, carry = loss_fn(*args[:-1], carry=args[-1])
-        return loss, (metrics, carry)
+            loss, metrics = loss_fn(*args[:-1])
+            carry = args[-1]
+        else:
+            loss, metrics, carry = loss_fn(*args[:-1], carry=args[-1])
+        return loss_scale.scale(loss), (loss, metrics, carry)
 
     def gradients(state: TrainState, batch: PyTree) -> tuple:
         rng, step_key = jax.random.split(state.rng)
@@ -191,12 +207,12 @@ def _gradient_fn(
         if stats:  # the gradient channel of dq.BackwardStats: stats arrive as a gradient
             grad_fn = jax.value_and_grad(objective, argnums=(0, 5), has_aux=True)
             probe = adjoints.BackwardStats.zeros()
-            (loss, aux), (grads, probe_grad) = grad_fn(*args, probe, state.carry)
-        else:
-            (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(*args, state.carry)
-        metrics, carry = aux if with_carry else (aux, state.carry)
-        if stats:
+            (_, (loss, metrics, carry)), (grads, probe_grad) = grad_fn(*args, probe, state.carry)
             metrics = {**metrics, **probe_grad.metrics()}
+        else:
+            grad_fn = jax.value_and_grad(objective, has_aux=True)
+            (_, (loss, metrics, carry)), grads = grad_fn(*args, state.carry)
+        grads = loss_scale.unscale(grads)
         return rng, loss, metrics, grads, jax.lax.stop_gradient(carry)
 
     return gradients

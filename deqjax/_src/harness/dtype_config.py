@@ -1,0 +1,91 @@
+"""The compute dtype of an experiment's model (``--dtype``): a jmp mixed-precision policy.
+
+``--dtype float32`` (default), ``bfloat16`` or ``float16``: the model's modules (the DEQ's cell
+among them) compute in that dtype, with their parameters and the optimizer state kept in float32
+(``jmp.Policy(param_dtype=float32, compute_dtype=dtype, output_dtype=float32)``, applied to the
+model's Haiku class by :func:`haiku.mixed_precision.push_policy` while its functions are traced).
+The DEQ's state is then a half-precision array and the solvers keep their bookkeeping (norms,
+residuals, Anderson's Gram matrix, the GMRES workspace) in float32 (``tree.reduction_dtype``).
+float16 gradients are computed on a loss scaled by :data:`FLOAT16_LOSS_SCALE`
+(``jmp.StaticLossScale``; a step whose scaled gradient overflows is skipped by ``fit``'s
+non-finite guard); bfloat16 has float32's exponent range and needs none.
+
+A tolerance the dtype cannot resolve is refused (:meth:`DtypeConfig.check_tol`): a relative
+residual of a state rounded to a dtype of machine epsilon ``eps`` stays near ``eps``, so a solve
+to ``tol < eps`` could only stall.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import haiku as hk
+import jax.numpy as jnp
+import jmp
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+FLOAT16_LOSS_SCALE = 2.0**10
+
+
+@dataclasses.dataclass(frozen=True)
+class DtypeConfig:
+    """Compute dtype: the model's arithmetic; parameters, optimizer state and solver bookkeeping
+    stay float32."""
+
+    dtype: Dtype = "float32"
+    """the model's compute dtype (bfloat16/float16: a jmp policy, float32 parameters)"""
+
+    def policy(self) -> jmp.Policy:
+        """The jmp policy: float32 parameters and outputs, ``dtype`` computation."""
+        return jmp.Policy(
+            param_dtype=jnp.float32, compute_dtype=jnp.dtype(self.dtype), output_dtype=jnp.float32
+        )
+
+    def check_tol(self, **tols: float) -> str | None:
+        """A message refusing the first tolerance (``flag=value``) below the compute dtype's
+        resolution, or ``None``."""
+        eps = float(jnp.finfo(jnp.dtype(self.dtype)).eps)
+        for flag, tol in tols.items():
+            if tol < eps:
+                return (
+                    f"--{flag} {tol:g} is below what --dtype {self.dtype} resolves (machine "
+                    f"epsilon {eps:.1e}): the DEQ's relative residual cannot go below about eps, "
+                    f"so every solve would stall. Pass --{flag} {_above(eps):g} or larger with "
+                    f"--dtype {self.dtype}, or a wider --dtype."
+                )
+        return None
+
+    def loss_scale(self) -> jmp.LossScale:
+        """The loss scale of the gradients: static ``2^10`` for float16, none otherwise."""
+        if self.dtype == "float16":
+            return jmp.StaticLossScale(jnp.float32(FLOAT16_LOSS_SCALE))
+        return jmp.NoOpLossScale()
+
+    def apply(self, module: type[hk.Module], fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` (a Haiku ``init`` or ``apply``) with the policy on ``module``'s class while it
+        runs (it traces the model then), ``fn`` itself for float32."""
+        if self.dtype == "float32":
+            return fn
+        policy = self.policy()
+
+        def with_policy(*args: Any, **kwargs: Any) -> Any:
+            with hk.mixed_precision.push_policy(module, policy):
+                return fn(*args, **kwargs)
+
+        return with_policy
+
+
+FLOAT32 = DtypeConfig()  # the default: no policy
+
+
+def _above(eps: float) -> float:
+    """The round tolerance (1, 2 or 5 times a power of ten) just above ``eps``."""
+    exponent = math.floor(math.log10(eps))
+    for mantissa in (1.0, 2.0, 5.0, 10.0):
+        if mantissa * 10.0**exponent >= eps:
+            return mantissa * 10.0**exponent
+    return 10.0 ** (exponent + 1)
