@@ -5,19 +5,25 @@ Two parts:
 * **Throughput**: the jitted, pmapped train step of ``experiments/fashion_mnist.py`` at its default
   model and batch (DEQ width 128, Anderson 20 steps / tol 1e-3 forward, implicit Anderson backward,
   JR ``γ = 1``, ``p = 0.5``), on Fashion-MNIST batches. Median step time over ``--repeats`` steps
-  after a warm-up (compile), examples/s = global batch / step time. The 2-device row runs in a
-  subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` (read at JAX start-up):
-  the same global batch split over two CPU "devices" that share the machine's cores.
+  after a warm-up (compile), examples/s = global batch / step time. Every row runs in a fresh
+  subprocess: the 1-device row on the default backend (the GPU where there is one), the 2-device
+  row with ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` and ``JAX_PLATFORMS=cpu`` (read
+  at JAX start-up): the same global batch split over two CPU "devices" that share the machine's
+  cores. The ``platform`` column says which.
 * **JR on/off**: short runs of the main job (``--epochs``, default 1 epoch of the full training
   set) without JR, with JR at a fixed ``γ`` and with the adaptive ``γ``: final test accuracy, mean
   train / test forward NFE, test relative residual, backward residual and spectral radius at the
   last diagnostics step, and wall time.
+* **Compute dtype** (``--dtypes float32,bfloat16,float16``): a throughput row per ``--dtype`` of
+  the main job (with XLA's temporary memory of the step), and short runs of each instead of the
+  JR variants (bfloat16 with ``--tol 1e-2 --bwd_tol 1e-2``, the tolerance it resolves).
 
 Usage (from the repository root)::
 
     python -m benchmarks.training                    # both parts, markdown to stdout
     python -m benchmarks.training --skip_jr --repeats 20
     python -m benchmarks.training --skip_jr --devices 1 --deq_modes native,vmap,whole_batch
+    python -m benchmarks.training --devices 1 --dtypes float32,bfloat16,float16  # --dtype rows
     python -m benchmarks.training --worker OUT.json  # one throughput measurement (internal)
 """
 
@@ -37,6 +43,12 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEQ_MODES = {"native": True, "vmap": True, "whole_batch": False}
 
 
+def dtype_flags(dtype: str) -> list[str]:
+    """The main job's flags for ``--dtype dtype``: the tolerances bfloat16 resolves with it."""
+    flags = ["--dtype", dtype]
+    return flags + (["--tol", "1e-2", "--bwd_tol", "1e-2"] if dtype == "bfloat16" else [])
+
+
 def throughput_table(rows: list[dict]) -> list[str]:
     """The Markdown table of :func:`measure_throughput`'s results."""
     from benchmarks.common import markdown_table
@@ -44,17 +56,21 @@ def throughput_table(rows: list[dict]) -> list[str]:
     cells = [
         {
             "DEQ mode": r["deq_mode"],
+            "dtype": r["dtype"],
+            "platform": r["platform"],
             "devices": r["devices"],
             "step (ms, median)": r["step_ms_median"],
             "step (ms, min)": r["step_ms_min"],
             "examples/s": r["examples_per_s"],
             "forward NFE": r["nfe_mean"],
             "first step incl. compile (s)": r["first_step_s_incl_compile"],
+            "XLA temp (MiB)": r["temp_mib"],
         }
         for r in rows
     ]
     formats = {"step (ms, median)": ".1f", "step (ms, min)": ".1f", "examples/s": ".0f"}
     formats |= {"forward NFE": ".1f", "first step incl. compile (s)": ".1f"}
+    formats |= {"XLA temp (MiB)": lambda v: "–" if v is None else f"{v:.1f}"}
     return markdown_table(cells, list(cells[0]), formats, "l")
 
 
@@ -83,13 +99,20 @@ def jr_table(rows: list[dict]) -> list[str]:
 
 
 def measure_throughput(
-    repeats: int, batch_size: int, jr: bool, dataset: str, deq_mode: str = "native"
+    repeats: int,
+    batch_size: int,
+    jr: bool,
+    dataset: str,
+    deq_mode: str = "native",
+    dtype: str = "float32",
 ) -> dict:
     """Times the main job's train step on every local device (run in a fresh process).
 
     ``deq_mode`` selects ``dq.nn.DEQ``'s ``per_example`` for this process: ``native`` (the
     default, batch-native per-example stopping), ``vmap`` (the per-example mode before batch-native
-    solves: vmap of batch-1 solves) or ``whole_batch`` (one stop for the batch).
+    solves: vmap of batch-1 solves) or ``whole_batch`` (one stop for the batch). ``dtype`` is the
+    main job's ``--dtype`` (its tolerances raised to 1e-2 where the dtype needs it); the row also
+    reports XLA's temporary memory of the compiled step (a proxy for activation memory).
     """
     import dataclasses
     import functools
@@ -102,7 +125,7 @@ def measure_throughput(
     from experiments import fashion_mnist as fm
 
     argv = ["--dataset", dataset, "--batch_size", str(batch_size)] + ([] if jr else ["--no_jr"])
-    c = fm.EXPERIMENT.parse(argv)  # the main job's defaults
+    c = fm.EXPERIMENT.parse(argv + dtype_flags(dtype))  # the main job's defaults
     train_set, _, source = data.load_classification(dataset, train_size=20 * batch_size, seed=0)
     mode, _, fallback = deq_mode.partition("+")
     solver, adjoint = c.solver.solver_and_adjoint()
@@ -121,6 +144,9 @@ def measure_throughput(
     )
     reg, _ = c.regularization.build(c.solver.tol)
     fns = models.classifier_fns(make, regularizer=reg, backward_solver=c.solver.backward())
+    fns = fns._replace(
+        **{k: c.compute.apply(models.MLPClassifier, f) for k, f in fns._asdict().items()}
+    )
     gamma = jnp.asarray(c.regularization.gamma, jnp.float32)
 
     def loss_fn(params, batch, key, reg_state, step):
@@ -128,11 +154,16 @@ def measure_throughput(
 
     devices = jax.local_devices()
     _, opt = c.optimization.optimizer(1000)
-    pair = training.train_step(loss_fn, opt, per_device_rng=False)
+    scale = c.compute.loss_scale()
+    pair = training.train_step(loss_fn, opt, per_device_rng=False, loss_scale=scale)
     step_fn = jax.pmap(pair.update, axis_name="batch", donate_argnums=0, devices=devices)
     params = fns.init(jax.random.PRNGKey(0), jnp.asarray(train_set["image"][:1]))
-    state = training.replicate(pair.init(params, jax.random.PRNGKey(0)), devices)
     it = data.ShuffledBatches(train_set, batch_size=batch_size, seed=0)
+    one = training.train_step(loss_fn, opt, per_device_rng=False, axis_name=None, loss_scale=scale)
+    _, memory = training.compile_with_memory(
+        one.update, one.init(params, jax.random.PRNGKey(0)), jax.tree.map(jnp.asarray, next(it))
+    )
+    state = training.replicate(pair.init(params, jax.random.PRNGKey(0)), devices)
     t0 = time.perf_counter()
     state, metrics = step_fn(state, training.shard(next(it), devices))
     jax.block_until_ready(metrics)
@@ -149,6 +180,8 @@ def measure_throughput(
     return {
         "devices": len(devices),
         "deq_mode": deq_mode,
+        "dtype": dtype,
+        "temp_mib": None if memory is None else memory["temp_bytes"] / 2**20,
         "batch_size": batch_size,
         "jr": jr,
         "data": source,
@@ -162,33 +195,46 @@ def measure_throughput(
     }
 
 
-def run_worker(devices: int, args, deq_mode: str = "native") -> dict:
-    """Runs :func:`measure_throughput` in a subprocess with ``devices`` fake CPU devices."""
-    env = dict(os.environ)
-    flags = env.get("XLA_FLAGS", "")
-    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
-    env["JAX_PLATFORMS"] = env.get("JAX_PLATFORMS", "cpu")
+def worker_env(devices: int, environ: dict[str, str]) -> dict[str, str]:
+    """The environment of a throughput worker: one device is the default backend's (the GPU
+    where there is one, as the caller's ``JAX_PLATFORMS`` allows); several are fake CPU devices
+    (``--xla_force_host_platform_device_count``), sharing the host's cores."""
+    env = dict(environ)
+    if devices > 1:
+        flags = env.get("XLA_FLAGS", "")
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+        env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def run_worker(devices: int, args, deq_mode: str = "native", dtype: str = "float32") -> dict:
+    """Runs :func:`measure_throughput` in a subprocess on ``devices`` devices
+    (:func:`worker_env`)."""
+    env = worker_env(devices, os.environ)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
         cmd = [sys.executable, "-m", "benchmarks.training", "--worker", out]
         cmd += ["--repeats", str(args.repeats), "--batch_size", str(args.batch_size)]
         cmd += ["--dataset", args.dataset] + ([] if args.jr else ["--no_jr"])
-        cmd += ["--deq_modes", deq_mode]
+        cmd += ["--deq_modes", deq_mode, "--dtypes", dtype]
         subprocess.run(cmd, check=True, env=env, cwd=_ROOT, timeout=1800)
         with open(out) as f:
             return json.load(f)
 
 
-def jr_comparison(args) -> list[dict]:
-    """Short main-job runs without JR, with fixed γ, with adaptive γ."""
+JR_VARIANTS = [
+    ("no JR", ["--no_jr"]),
+    ("JR γ=1, p=0.5", ["--gamma", "1.0", "--jr_p", "0.5"]),
+    ("JR adaptive γ (init 1, target = tol)", ["--gamma", "1.0", "--adaptive_gamma"]),
+]
+
+
+def jr_comparison(args, variants=JR_VARIANTS) -> list[dict]:
+    """Short main-job runs: without JR, with fixed γ, with adaptive γ (or other ``variants``:
+    ``(name, flags)`` pairs)."""
     from deqjax import training
     from experiments import fashion_mnist as fm
 
-    variants = [
-        ("no JR", ["--no_jr"]),
-        ("JR γ=1, p=0.5", ["--gamma", "1.0", "--jr_p", "0.5"]),
-        ("JR adaptive γ (init 1, target = tol)", ["--gamma", "1.0", "--adaptive_gamma"]),
-    ]
     rows = []
     for name, extra in variants:
         with tempfile.TemporaryDirectory() as out:
@@ -233,6 +279,13 @@ def main(argv=None) -> None:
     p.add_argument("--skip_jr", action="store_true", help="skip the JR on/off runs")
     p.add_argument("--skip_throughput", action="store_true")
     p.add_argument(
+        "--dtypes",
+        default="float32",
+        help="comma-separated --dtype values of the main job (float32, bfloat16, float16): one "
+        "throughput row each and, with several, short runs of each instead of the JR on/off "
+        "runs (bfloat16 with --tol 1e-2 --bwd_tol 1e-2)",
+    )
+    p.add_argument(
         "--deq_modes",
         default="native",
         help="comma-separated dq.nn.DEQ modes for the throughput table: native (default, "
@@ -243,7 +296,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.worker:
         result = measure_throughput(
-            args.repeats, args.batch_size, args.jr, args.dataset, args.deq_modes
+            args.repeats, args.batch_size, args.jr, args.dataset, args.deq_modes, args.dtypes
         )
         with open(args.worker, "w") as f:
             json.dump(result, f)
@@ -251,20 +304,27 @@ def main(argv=None) -> None:
     lines = []
     if not args.skip_throughput:
         rows = [
-            run_worker(int(n), args, mode)
+            run_worker(int(n), args, mode, dtype)
             for mode in args.deq_modes.split(",")
+            for dtype in args.dtypes.split(",")
             for n in args.devices.split(",")
         ]
         lines += [
-            f"Train step of the main job ({rows[0]['data']}; jax {rows[0]['jax']}, "
-            f"{rows[0]['platform']}; global batch {args.batch_size}, "
+            f"Train step of the main job ({rows[0]['data']}; jax {rows[0]['jax']}; "
+            f"global batch {args.batch_size}, "
             f"JR {'on' if args.jr else 'off'}; median of {args.repeats} steps after compile).",
             "",
             *throughput_table(rows),
             "",
         ]
     if not args.skip_jr:
-        rows = jr_comparison(args)
+        dtypes = args.dtypes.split(",")
+        variants = JR_VARIANTS
+        if len(dtypes) > 1:
+            variants = [
+                (f"--dtype {d}", dtype_flags(d) + ([] if args.jr else ["--no_jr"])) for d in dtypes
+            ]
+        rows = jr_comparison(args, variants)
         lines += [
             f"Short runs of the main job ({args.epochs} epoch(s), default flags otherwise):",
             "",

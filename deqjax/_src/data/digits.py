@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from deqjax._src.data.errors import DataNotFoundError
+
 
 def load_digits(*, split: str = "train", test_fraction: float = 0.25, seed: int = 0) -> dict:
     """The UCI optical digits shipped inside scikit-learn, split deterministically.
@@ -18,12 +20,21 @@ def load_digits(*, split: str = "train", test_fraction: float = 0.25, seed: int 
 
     Raises:
       ValueError: on a bad ``split`` or ``test_fraction``.
+      DataNotFoundError: where scikit-learn, which ships the digits, is not installed (the
+        message names the install).
     """
     if split not in ("train", "test", "all"):
         raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}.")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}.")
-    from sklearn.datasets import load_digits as _sk_load_digits
+    try:
+        from sklearn.datasets import load_digits as _sk_load_digits
+    except ImportError:
+        raise DataNotFoundError(
+            "the digits data set ships inside scikit-learn, which is not installed: "
+            "pip install scikit-learn (or pip install -e '.[test]'). The main job's default "
+            "data set, Fashion-MNIST (--dataset fashion_mnist), needs no extra package."
+        ) from None
 
     bunch = _sk_load_digits()
     images = (np.asarray(bunch.images, np.float32) / np.float32(16.0)).astype(np.float32)

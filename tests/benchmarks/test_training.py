@@ -1,0 +1,27 @@
+"""``benchmarks/training.py`` measures the backend a user would train on."""
+
+from benchmarks import training
+
+
+def test_one_device_is_the_default_backend_several_are_fake_cpu_devices():
+    environ = {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}
+    # One device: whatever backend JAX picks (the GPU where there is one), as the caller set it.
+    assert training.worker_env(1, environ) == environ
+    assert training.worker_env(1, {"JAX_PLATFORMS": "cuda"})["JAX_PLATFORMS"] == "cuda"
+    two = training.worker_env(2, environ)
+    assert two["JAX_PLATFORMS"] == "cpu"
+    assert two["XLA_FLAGS"].split() == [
+        "--xla_gpu_autotune_level=0",
+        "--xla_force_host_platform_device_count=2",
+    ]
+
+
+def test_the_gpu_check_fits_in_eight_minutes():
+    """``benchmarks/gpu_check.sh`` bounds every part with a time limit; together they leave a
+    15-minute device session room to run it once and rerun a part."""
+    import pathlib
+    import re
+
+    script = (pathlib.Path(__file__).parents[2] / "benchmarks" / "gpu_check.sh").read_text()
+    limits = [int(s) for s in re.findall(r"\bpart \w+ (\d+) ", script)]
+    assert len(limits) == 5 and sum(limits) <= 8 * 60
