@@ -38,6 +38,26 @@ def tanh_layer(d: int, batch: int, radius: float, seed: int = 0, dtype=jnp.float
     return params, x
 
 
+# With emulate_tf32(True), the benchmark cells round their product operands as an NVIDIA GPU does
+# at JAX's default precision (TF32: 10 mantissa bits), unless the precision traced is full: the CPU
+# then reproduces a GPU's numbers (its residual floors, not its times).
+_EMULATE_TF32 = [False]
+_FULL = ("highest", "float32", "F32_F32_F32", "F64_F64_F64")
+
+
+def emulate_tf32(on: bool) -> None:
+    """Makes the benchmark cells emulate TF32 products (or not)."""
+    _EMULATE_TF32[0] = bool(on)
+
+
+def product_operand(a):
+    """``a`` as a product's operand: rounded to TF32 under :func:`emulate_tf32` unless the matmul
+    precision in force is full, else itself."""
+    if not _EMULATE_TF32[0] or jax.config.jax_default_matmul_precision in _FULL:
+        return a
+    return jax.lax.reduce_precision(a, exponent_bits=8, mantissa_bits=10)
+
+
 def tanh_cell(p, x, z):
     """One example: ``tanh(W z + U x + b)`` for z, x of shape [d]."""
     return jnp.tanh(p["W"] @ z + p["U"] @ x + p["b"])

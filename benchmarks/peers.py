@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import deqjax as dq
+from benchmarks import common
 from benchmarks.common import machine, markdown_table, tanh_layer, time_fn
 
 SOLVERS = ("anderson", "broyden", "fixed_point")
@@ -69,12 +70,14 @@ COLUMNS = (
 
 def batch_cell(p, x, z):
     """``tanh(W z + U x + b)`` for the whole batch: z, x of shape [B, d]."""
-    return jnp.tanh(z @ p["W"].T + x @ p["U"].T + p["b"])
+    r = common.product_operand
+    return jnp.tanh(r(z) @ r(p["W"]).T + r(x) @ r(p["U"]).T + p["b"])
 
 
 def one_cell(p, x, z):
     """One example: z, x of shape [d]."""
-    return jnp.tanh(p["W"] @ z + p["U"] @ x + p["b"])
+    r = common.product_operand
+    return jnp.tanh(r(p["W"]) @ r(z) + r(p["U"]) @ r(x) + p["b"])
 
 
 def per_example_rel_residual(params, x, z) -> np.ndarray:

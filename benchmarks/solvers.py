@@ -2,8 +2,9 @@
 
     python -m benchmarks.solvers                     # d 128 and 512, batch 128, 3 processes
     python -m benchmarks.solvers --quick             # one process, fewer repeats
-    python -m benchmarks.solvers --dims 2048 --batches 256 --precision highest   # on a GPU
+    python -m benchmarks.solvers --sizes 512x128 2048x256 --precision highest   # on a GPU
     python -m benchmarks.solvers --rows deqjax naive --modes native vmap
+    python -m benchmarks.solvers --emulate_tf32 --dims 512 --rows deqjax naive jaxopt optimistix
 
 One problem for every row: ``f(z) = tanh(z Wᵀ + x Uᵀ + b)`` (``benchmarks.common.tanh_layer``),
 ``ρ(W) = --radius`` (1.0), a batch of ``--batches`` inputs of size ``--dims``, float32, ``z0 = 0``,
@@ -33,6 +34,13 @@ Rows (``--rows``):
   lineax's GMRES (its default linear solver forms the batch's whole Jacobian).
 * ``torchdeq``: ``get_deq`` with ``fixed_point_iter``, ``anderson``, ``broyden`` and its IFT
   backward, where TorchDEQ and torch are installed (``pip install -e .[bench]``).
+
+``--emulate_tf32`` rounds the cell's product operands as an NVIDIA GPU does at JAX's default
+precision (TF32), unless the run's ``--precision`` is full: on a CPU the "converged" and
+"≤ tol (f64)" columns then read as they do on a GPU (its times do not). The deqjax rows at a reduced
+precision include the check of each solve at full precision (one more evaluation of ``f``); its
+cost is the difference between a CPU run at the default precision and one at ``--precision
+highest`` (CPU products are full float32 at both, so nothing else differs).
 
 Columns: NFE mean / max over the batch, the fraction the solver reports converged, the fraction
 whose relative residual ``‖f(z*) − z*‖ / ‖f(z*)‖`` recomputed in float64 is at most ``tol`` (1 %
@@ -429,7 +437,8 @@ def table(merged: dict, args, processes: int) -> list[str]:
     lines += [
         "",
         f"{datetime.date.today().isoformat()}, {common.machine()}, float32, matmul precision "
-        f"{args.precision or 'default'}, ρ(W) = {args.radius}, tol {args.tol:g} (relative), "
+        f"{args.precision or 'default'}{' (TF32 emulated)' if args.emulate_tf32 else ''}, "
+        f"ρ(W) = {args.radius}, tol {args.tol:g} (relative), "
         f"max_steps {args.max_steps}, median of {args.repeats} calls per process, "
         f"{processes} process(es)",
     ]
@@ -440,6 +449,14 @@ def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dims", type=int, nargs="+", default=[128, 512])
     p.add_argument("--batches", type=int, nargs="+", default=[128])
+    p.add_argument(
+        "--sizes",
+        nargs="+",
+        default=None,
+        metavar="DxB",
+        help="problem sizes as d x batch pairs (e.g. 512x128 2048x256) instead of every "
+        "--dims x --batches combination",
+    )
     p.add_argument("--radius", type=float, default=1.0)
     p.add_argument("--tol", type=float, default=1e-4)
     p.add_argument("--max_steps", type=int, default=100)
@@ -457,6 +474,12 @@ def parse(argv=None) -> argparse.Namespace:
         help="matmul precision of the whole run (jax.default_matmul_precision), e.g. 'highest'; "
         "default: JAX's (TF32-class products for float32 on NVIDIA GPUs)",
     )
+    p.add_argument(
+        "--emulate_tf32",
+        action="store_true",
+        help="round the cell's product operands to TF32 unless --precision is full (a GPU's "
+        "default-precision numbers on a CPU)",
+    )
     p.add_argument("--out", default=None, help="also write the tables to this file")
     p.add_argument("--json", default=None, help=argparse.SUPPRESS)  # a worker's output file
     args = p.parse_args(argv)
@@ -464,18 +487,28 @@ def parse(argv=None) -> argparse.Namespace:
         args.processes, args.repeats = 1, 5
     if args.smoke:
         args.dims, args.batches, args.repeats, args.processes = [16], [4], 1, 1
+        args.sizes = None
     return args
 
 
 def run(args) -> dict:
     """Every size's rows, measured in this process."""
+    common.emulate_tf32(args.emulate_tf32)
     precision = (
         jax.default_matmul_precision(args.precision) if args.precision else contextlib.nullcontext()
     )
     with precision:
-        return {
-            f"d = {d}, batch {b}": rows_for(d, b, args) for d in args.dims for b in args.batches
-        }
+        return {f"d = {d}, batch {b}": rows_for(d, b, args) for d, b in sizes(args)}
+
+
+def sizes(args) -> list[tuple[int, int]]:
+    """The ``(d, batch)`` problems of a run: ``--sizes``, else every ``--dims x --batches``."""
+    if args.sizes:
+        pairs = [tuple(int(v) for v in size.lower().split("x")) for size in args.sizes]
+        if any(len(pair) != 2 for pair in pairs):
+            raise SystemExit(f"--sizes takes DxB pairs such as 512x128, got {args.sizes}")
+        return pairs
+    return [(d, b) for d in args.dims for b in args.batches]
 
 
 def main(argv=None) -> str:
