@@ -128,8 +128,8 @@ class Anderson(driver.DriverSolver):
         eye = jnp.eye(m, dtype=problem.rdtype).reshape(lead + (m, m))
         ids = jnp.arange(m, dtype=jnp.int32)
 
-        def propose(state, k, x, fx, gx, gx_sq):
-            del fx
+        def propose(state, k, x, fx, gx, gx_sq, running):
+            del fx, running
             # ps[i] = x_i + beta * G_i (the rows that are mixed), gs[i] = G_i: [m, ...] each
             # ([*batch, m, ...] under batch_ndim, see tree.tree_stack_zeros). The slot k % m is
             # shared by every problem (k is the shared step counter, and a running problem has

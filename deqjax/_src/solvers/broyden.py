@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from deqjax._src import checks, tree
 from deqjax._src.solvers import driver
+from deqjax._src.solvers.loop import resolve_check_every
 from deqjax._src.solvers.problem import Problem
 from deqjax._src.solvers.solution import Solution
 
@@ -120,7 +121,8 @@ class _Layout(NamedTuple):
     """The static shape of the low-rank memory (and the arrays that index it)."""
 
     mem: int  # updates kept before a restart
-    rows: int  # buffer rows (mem, rounded up to a whole block when blocked)
+    rows: int  # buffer rows (mem, and the scratch row; rounded up to a whole block when blocked)
+    scratch: bool  # row mem takes the batch-native writes of steps after every problem stopped
     blocked: bool  # read only the filled rows, block by block
     line_search: bool
     bn: int  # batch_ndim
@@ -179,27 +181,33 @@ def _good_update(s: _State, r: _Rows, k: jax.Array, x: PyTree, gx: PyTree, lay: 
     return u, v, ok, jinv_g
 
 
-def _store(s: _State, r: _Rows, k, accept, ok, u: PyTree, v: PyTree, lay: _Layout):
-    """``(us, vs, num_updates)`` with the update ``(u, v)`` stored at row ``r.pos``."""
+def _store(s: _State, r: _Rows, k, accept, ok, running, u: PyTree, v: PyTree, lay: _Layout):
+    """``(us, vs, num_updates)`` with the update ``(u, v)`` stored at row ``r.pos``, for the
+    problems still ``running``: a stopped problem's rows are its inverse estimate, left alone
+    (with a batch, the shared row is written while any problem runs; see :func:`_inverse`)."""
     if lay.line_search:
         # A per-problem row, written by a masked select; a rejected trial writes to row -1, which
         # tree_set_row ignores. A skipped update (tiny or non-finite denominator) writes zero rows
         # (u = v = 0 adds nothing to J^{-1}).
-        write = accept & (k > 0)
+        write = accept & (k > 0) & running
         us = tree.tree_set_row(s.us, jnp.where(write, r.pos, -1), u, lay.bn)
         vs = tree.tree_set_row(s.vs, jnp.where(write, r.pos, -1), v, lay.bn)
         return us, vs, s.num_updates + write.astype(jnp.int32)
-    if lay.bn == 0:  # k is batched under vmap: a masked select
-        us, vs = tree.tree_set_row(s.us, r.pos, u), tree.tree_set_row(s.vs, r.pos, v)
+    if lay.bn == 0:  # k is batched under vmap: a masked select (row -1: none)
+        row = jnp.where(running, r.pos, -1)
+        us, vs = tree.tree_set_row(s.us, row, u), tree.tree_set_row(s.vs, row, v)
     else:
         # The shared row, in place, after every read of the buffers. u is computed from all of
         # them; v is written where u is finite (where it is not, the row records u's non-finite
         # entries: the inverse is broken either way) so that it depends on them too. Without
         # that, XLA may schedule a write before a read, and then copies a buffer every step.
+        # With check_every > 1, once no problem runs (the last steps of a chunk) the update goes
+        # to the scratch row (index mem, never valid), leaving every problem's rows as they are.
+        row = jnp.where(jnp.any(running), r.pos, lay.mem) if lay.scratch else r.pos
         v = tree.tree_where_finite(u, v)
-        us = tree.tree_put_row(s.us, r.pos, u, lay.bn)
-        vs = tree.tree_put_row(s.vs, r.pos, v, lay.bn)
-    return us, vs, s.num_updates + ok.astype(jnp.int32)
+        us = tree.tree_put_row(s.us, row, u, lay.bn)
+        vs = tree.tree_put_row(s.vs, row, v, lay.bn)
+    return us, vs, s.num_updates + (ok & running).astype(jnp.int32)
 
 
 def _armijo_accepts(s: _State, k: jax.Array, gx: PyTree, bn: int) -> jax.Array:
@@ -209,14 +217,14 @@ def _armijo_accepts(s: _State, k: jax.Array, gx: PyTree, bn: int) -> jax.Array:
     return (k == 0) | sufficient | (s.backtracks >= _MAX_BACKTRACKS) | ~jnp.isfinite(g2)
 
 
-def _propose(lay: _Layout, s: _State, k: jax.Array, x: PyTree, gx: PyTree):
+def _propose(lay: _Layout, s: _State, k: jax.Array, x: PyTree, gx: PyTree, running: jax.Array):
     """One Broyden step: the next iterate and state (a rejected line-search trial halves the step
     from ``x_base`` instead)."""
     bn = lay.bn
     accept = _armijo_accepts(s, k, gx, bn) if lay.line_search else jnp.asarray(True)
     r = _current_rows(s, k, lay)
     u, v, ok, jinv_g = _good_update(s, r, k, x, gx, lay)
-    us, vs, num_updates = _store(s, r, k, accept, ok, u, v, lay)
+    us, vs, num_updates = _store(s, r, k, accept, ok, running, u, v, lay)
     # New direction -J_new^{-1} g with J_new^{-1} g = J^{-1} g + u (v^T g).
     direction = tree.tree_scale(-1.0, tree.tree_axpy(tree.tree_vdot(v, gx, bn), u, jinv_g, bn), bn)
     if not lay.line_search:
@@ -249,7 +257,7 @@ def _propose(lay: _Layout, s: _State, k: jax.Array, x: PyTree, gx: PyTree):
 
 def _inverse(lay: _Layout, end: driver.LoopEnd) -> dict[str, BroydenInverse]:
     """The estimate after each problem's last step (``num_steps`` evaluations of its own)."""
-    s, k, num_steps = end.state, end.k, end.num_steps
+    s, num_steps = end.state, end.num_steps
     us, vs, mem = s.us, s.vs, lay.mem
     ids = lay.ids.reshape(lay.lead + (lay.rows,))
     if lay.line_search:
@@ -260,10 +268,11 @@ def _inverse(lay: _Layout, end: driver.LoopEnd) -> dict[str, BroydenInverse]:
     # (row 0 for a single step), and its current rows are 0 .. that row.
     last = jnp.maximum(num_steps - 2, 0) % mem
     if lay.bn > 0:
-        # A problem that stopped before the loop's last step had zero rows (no update: its
-        # iterate no longer moves) written after its own rows; if they wrapped around onto its
-        # rows, its estimate restarts from -I.
-        intact = (k - num_steps) <= mem - 1 - last
+        # A problem that stopped before the last one of its batch had the shared rows of the
+        # steps until then written after its own rows (zero rows: its iterate no longer moves);
+        # if they wrapped around onto its rows, its estimate restarts from -I. (Rows are written
+        # only while some problem runs, so a loop that checks every k steps writes no more.)
+        intact = (jnp.max(num_steps) - num_steps) <= mem - 1 - last
         last = jnp.where(intact, last, -1)
     return {"inverse_estimate": BroydenInverse(us, vs, ids <= last[..., None])}
 
@@ -284,7 +293,8 @@ class Broyden(driver.DriverSolver):
         evaluation of ``f`` and counts in ``num_steps`` and ``trace``.
       return_inverse: also return the final inverse-Jacobian estimate in
         ``Solution.inverse_estimate`` (a :class:`BroydenInverse`: ``2 * rows`` iterate-sized
-        buffers, ``rows`` = ``memory`` or ``max_steps``), for :class:`~deqjax.ShineAdjoint`. It
+        buffers, ``rows`` = ``memory`` or ``max_steps``, and a scratch row in a batch-native
+        solve with ``check_every > 1``), for :class:`~deqjax.ShineAdjoint`. It
         is the estimate after the problem's last step. In a batch-native solve with a finite
         ``memory``, a problem that stopped while the batch ran on long enough for the shared
         memory slot to wrap onto its rows loses them (its estimate becomes ``J_g^{-1} ≈ -I``);
@@ -308,14 +318,19 @@ class Broyden(driver.DriverSolver):
     def _layout(self, problem: Problem) -> _Layout:
         mem = self.max_steps if self.memory is None else self.memory
         # Blocked reads (only the filled rows) for a long memory on a loop that need not be
-        # reverse-differentiable (lax.scan needs a static trip count).
-        blocked = mem > 2 * _BLOCK and self.loop != "scan"
-        rows = -(-mem // _BLOCK) * _BLOCK if blocked else mem
-        ids = jnp.arange(rows, dtype=jnp.int32)
+        # reverse-differentiable (lax.scan needs a static trip count). A batch-native loop that
+        # checks its stopping rule every k > 1 steps runs steps after every problem stopped: their
+        # updates go to one more row (index mem, never valid), so no problem's estimate changes.
         bn = problem.batch_ndim
+        scratch = bn > 0 and self.loop == "while" and resolve_check_every(self.check_every) > 1
+        wanted = mem + int(scratch)
+        blocked = mem > 2 * _BLOCK and self.loop != "scan"
+        rows = -(-wanted // _BLOCK) * _BLOCK if blocked else wanted
+        ids = jnp.arange(rows, dtype=jnp.int32)
         return _Layout(
             mem=mem,
             rows=rows,
+            scratch=scratch,
             blocked=blocked,
             line_search=self.line_search,
             bn=bn,
@@ -340,9 +355,9 @@ class Broyden(driver.DriverSolver):
             backtracks=jnp.zeros(lay.batch_shape, jnp.int32),
         )
 
-        def propose(s, k, x, fx, gx, gx_sq):
+        def propose(s, k, x, fx, gx, gx_sq, running):
             del fx, gx_sq
-            return _propose(lay, s, k, x, gx)
+            return _propose(lay, s, k, x, gx, running)
 
         finish = (lambda end: _inverse(lay, end)) if self.return_inverse else None
         return driver.ProposalRule(propose, state0, finish=finish)

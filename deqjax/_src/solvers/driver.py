@@ -7,8 +7,10 @@ unless the problem stopped asks the rule for ``x_{k+1}``. So ``num_steps`` is ex
 evaluations of ``f``, and no solver holds stopping logic of its own.
 
 A rule (:class:`ProposalRule`) is a function
-``propose(state, k, x, f(x), f(x) - x, ||f(x) - x||^2) -> (x_{k+1}, state)`` and its initial
-state (the squared residual norm is the stopping rule's: a rule that needs it reduces nothing).
+``propose(state, k, x, f(x), f(x) - x, ||f(x) - x||^2, running) -> (x_{k+1}, state)`` and its
+initial state (the squared residual norm is the stopping rule's: a rule that needs it reduces
+nothing; ``running`` says which problems this step belongs to: a rule whose state outlives the
+loop, Broyden's inverse estimate, leaves a stopped problem's part of it alone).
 A solver that must remember more about its best iterate than the iterate itself (the reversible
 solver keeps the pair ``(x_{k-1}, x_k)`` and ``k``, and checkpoints) adds a ``track`` hook, called
 with each step's judgement, and a ``finish`` hook that turns what it kept into extra fields of the
@@ -39,10 +41,13 @@ from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
 
-# propose(state, k, x, fx, gx, gx_sq) -> (next_x, state); gx = fx - x and its squared norm per
-# problem gx_sq (no gradient) are passed so rules need not recompute them. k is the shared step
-# counter (a scalar int32 under batch_ndim > 0).
-ProposeFn = Callable[[Any, jax.Array, PyTree, PyTree, PyTree, jax.Array], tuple[PyTree, Any]]
+# propose(state, k, x, fx, gx, gx_sq, running) -> (next_x, state); gx = fx - x and its squared
+# norm per problem gx_sq (no gradient) are passed so rules need not recompute them. k is the shared
+# step counter (a scalar int32 under batch_ndim > 0); running (bool [*batch]) marks the problems
+# this step belongs to (a stopped problem evaluates its best iterate until the loop ends).
+ProposeFn = Callable[
+    [Any, jax.Array, PyTree, PyTree, PyTree, jax.Array, jax.Array], tuple[PyTree, Any]
+]
 
 
 class LoopEnd(NamedTuple):
@@ -59,7 +64,7 @@ class ProposalRule(NamedTuple):
     """A proposal rule and its optional hooks.
 
     Attributes:
-      propose: ``(state, k, x, fx, gx, gx_sq) -> (next_x, state)``.
+      propose: ``(state, k, x, fx, gx, gx_sq, running) -> (next_x, state)``.
       state0: the rule's initial state.
       track: ``(extra, step, k, x, state) -> extra``: called at each step with the
         :class:`~deqjax._src.solvers.stopping.StepUpdate` judging ``x`` and the rule's state
@@ -139,7 +144,7 @@ def _body(problem: Problem, options: DriverOptions, rule: ProposalRule, sample_i
         gx = tree.tree_sub(fx, c.x)
         u = stopping.judge(c.x, fx, gx, c.book, srule, start=c.k)
         extra = c.extra if rule.track is None else rule.track(c.extra, u, c.k, c.x, c.state)
-        next_x, state = rule.propose(c.state, c.k, c.x, fx, gx, u.residuals.abs_sq)
+        next_x, state = rule.propose(c.state, c.k, c.x, fx, gx, u.residuals.abs_sq, u.running)
         samples = c.samples
         if sample_ids is not None:
             samples = _record_sample(samples, sample_ids, c.k, u.running, c.x, bn)
@@ -194,6 +199,7 @@ def solve(problem: Problem, options: DriverOptions, rule: ProposalRule) -> Solut
         init,
         max_steps=options.max_steps,
         loop=options.loop,
+        check_every=loop_lib.resolve_check_every(options.check_every),
     )
     book = c.book
     samples = None

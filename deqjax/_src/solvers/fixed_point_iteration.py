@@ -42,8 +42,8 @@ class FixedPointIteration(driver.DriverSolver):
     def rule(self, problem: Problem) -> driver.ProposalRule:
         damping = self.damping
 
-        def propose(state, k, x, fx, gx, gx_sq):
-            del k, fx, gx_sq
+        def propose(state, k, x, fx, gx, gx_sq, running):
+            del k, fx, gx_sq, running
             return tree.tree_axpy(damping, gx, x), state
 
         return driver.ProposalRule(propose, ())

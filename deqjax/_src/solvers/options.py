@@ -129,6 +129,13 @@ class DriverOptions(Options):
       sample_steps: ``None``, or loop steps ``s`` in ``[0, max_steps]`` whose iterates ``x_s``
         (``x_0 = z0``) are returned in ``Solution.samples`` (for the fixed-point correction loss;
         see :func:`deqjax.correction_states`).
+      check_every: steps between two reads of the stopping rule by the ``"while"`` loop (an int
+        ``>= 1``, or ``"auto"``: 1 on CPUs, 4 on GPUs and TPUs, where each read is a round trip
+        to the host; :data:`deqjax._src.solvers.loop.CHECK_EVERY_AUTO`). Every step is still
+        judged: a problem that stops inside a chunk is frozen at that step, so the iterate,
+        ``num_steps``, status, trace and statistics are exactly those of ``check_every=1``;
+        only whole-batch evaluations after the last problem stopped (at most ``k - 1``) are
+        spent. The implicit backward's solve inherits it from the forward solver.
     """
 
     loop_kinds: ClassVar[tuple[str, ...]] = loop_lib.LOOP_KINDS
@@ -136,6 +143,7 @@ class DriverOptions(Options):
     divergence_factor: float = 1e4
     loop: str = "while"
     sample_steps: tuple[int, ...] | None = None
+    check_every: int | str = "auto"
 
     def check(self) -> None:
         super().check()
@@ -143,3 +151,4 @@ class DriverOptions(Options):
             raise ValueError(f"divergence_factor must be > 1, got {self.divergence_factor}.")
         loop_lib.check_loop_kind(self.loop)
         check_sample_steps(self.sample_steps, self.max_steps)
+        loop_lib.check_check_every(self.check_every)

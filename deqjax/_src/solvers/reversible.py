@@ -156,9 +156,9 @@ class Reversible(driver.DriverSolver):
     def rule(self, problem: Problem) -> driver.ProposalRule:
         beta = check_beta(self.beta)
 
-        def propose(prev, k, x, fx, gx, gx_sq):
+        def propose(prev, k, x, fx, gx, gx_sq, running):
             # (w_{k-1}, w_k) -> (w_k, w_{k+1}): the state is the iterate before x.
-            del k, gx, gx_sq
+            del k, gx, gx_sq, running
             return _relax(beta, prev, fx), x
 
         if not self.return_state:

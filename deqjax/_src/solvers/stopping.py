@@ -297,14 +297,27 @@ def _status(
 
 
 def _write_trace(
-    trace: jax.Array, column: jax.Array, start: jax.Array, count: Any, batch_ndim: int
+    trace: jax.Array,
+    column: jax.Array,
+    start: jax.Array,
+    count: Any,
+    batch_ndim: int,
+    running: jax.Array,
 ) -> jax.Array:
     """``trace`` with ``column`` (``[*batch]``) written at evaluations ``start`` to
-    ``start + count - 1`` (``count`` a static int or a traced one)."""
+    ``start + count - 1`` (``count`` a static int or a traced one), for the ``running`` problems
+    (the others' entries there are ``+inf`` already)."""
     max_steps = trace.shape[-1]
     ids = jnp.arange(max_steps, dtype=jnp.int32)
     if isinstance(count, int) and count == 1 and batch_ndim > 0:
-        return jax.lax.dynamic_update_index_in_dim(trace, column, start, batch_ndim)
+        # One shared index, written in place. A loop that checks its stopping rule every k steps
+        # runs up to k - 1 steps past max_steps, where the index clamps to the last entry: the
+        # problems not running write back what is there.
+        at = jnp.minimum(start, max_steps - 1)
+        kept = jax.lax.dynamic_index_in_dim(trace, at, batch_ndim, keepdims=False)
+        return jax.lax.dynamic_update_index_in_dim(
+            trace, jnp.where(running, column, kept), at, batch_ndim
+        )
     if isinstance(count, int) and count == 1:
         # A masked select, not .at[k].set: under vmap k is batched and a scatter is slow.
         return jnp.where(ids == start, column, trace)
@@ -363,7 +376,7 @@ def judge(
     status = _status(r, min_abs, out_of_steps, stalled, rule).astype(rdtype)
     status = jnp.where(running, status, old[..., STATUS])
     column = jnp.where(running & r.finite, r.res, jnp.asarray(jnp.inf, rdtype))
-    trace = _write_trace(book.trace, column, start, count, rule.batch_ndim)
+    trace = _write_trace(book.trace, column, start, count, rule.batch_ndim, running)
     new_min = jnp.where(running & r.finite, jnp.minimum(min_abs, r.abs), min_abs)
     best = [jnp.where(improved, new, old[..., i]) for i, new in enumerate((r.abs, r.rel, r.res))]
     scalars = jnp.stack([*best, new_min, status, num_steps, best_step], axis=-1)
