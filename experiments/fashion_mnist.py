@@ -116,7 +116,8 @@ def run(c: Config, inputs, ctx):
     )
     t0 = time.perf_counter()
     result = training.fit(
-        params=fns.init(jax.random.PRNGKey(c.run.seed), jnp.asarray(train["image"][:1])),
+        # One compiled program (an eager init compiles each of its operations on its own).
+        params=jax.jit(fns.init)(jax.random.PRNGKey(c.run.seed), jnp.asarray(train["image"][:1])),
         loss_fn=on_batches.loss,
         optimizer=opt,
         learning_rate_fn=schedule,

@@ -79,19 +79,18 @@ def evaluate(
       ``{name: Σ mask·value / Σ mask}`` (``_max`` names: the max), plus ``"count"``, the number
       of real examples over all processes.
     """
-    totals = None
-    for batch, mask in batches:
-        out = eval_step(params, shard(batch, devices), shard(mask, devices))
-        if totals is None:
-            totals = out
-        else:
-            totals = {
-                k: jnp.maximum(totals[k], v) if k.endswith("_max") else totals[k] + v
-                for k, v in out.items()
-            }
-    if totals is None:
+    # Every batch's totals stay on the device until one read at the end (no eager device ops
+    # per batch: on a GPU each is a dispatch, the first of each kind a compilation).
+    outs = [
+        eval_step(params, shard(batch, devices), shard(mask, devices)) for batch, mask in batches
+    ]
+    if not outs:
         raise ValueError("batches is empty: nothing to evaluate.")
-    host = unreplicate(totals)
+    per_batch = [unreplicate(out) for out in outs]  # all dispatched: reading waits for each
+    host = {
+        k: (np.max if k.endswith("_max") else np.sum)([np.asarray(o[k]) for o in per_batch])
+        for k in per_batch[0]
+    }
     count = float(host["count"])
     return {
         k: float(v) if k.endswith("_max") or k == "count" else float(v) / max(count, 1.0)

@@ -51,6 +51,7 @@ from deqjax._src.training.train_step import (
     pmap_update,
 )
 from deqjax._src.training.train_step import train_step as build_train_step
+from deqjax._src.training.warm_up import compile_in_background
 
 PyTree = Any
 Say = Callable[[str], None] | None  # where messages go (process 0), None: silent
@@ -239,6 +240,10 @@ def fit(
         step_fn = _Stepper(pair, train_data, devices, local_devices)
         stop = resources.enter_context(_sigterm_handler(handle_sigterm))
         state_r, interrupted = state_to_devices(state, local_devices), False
+        # The evaluation and diagnostics programs compile while the train step does.
+        example = shard(_peek(train_data), local_devices)
+        evaluator.warm_up(state_r)
+        diagnose.warm_up(state_r, example)
         while step < num_steps and not interrupted:
             state_r, metrics, batch = step_fn(state_r)
             step += 1
@@ -607,6 +612,7 @@ class _Evaluator:
             raise ValueError("eval_fn and eval_data must be given together.")
         self._step = make_eval_step(eval_fn, devices=devices) if eval_fn is not None else None
         self._data, self._every, self._local_devices = eval_data, every, local_devices
+        self._compiled = lambda: None  # waits for the warm-up's compilation
         if batch_size is None:
             batch_size = getattr(train_data, "batch_size", None)
         self._batch_size = batch_size
@@ -623,6 +629,14 @@ class _Evaluator:
                 f"eval_batch_size ({self._batch_size}) must be a multiple of process_count x "
                 f"local devices ({jax.process_count()} x {num_local})."
             )
+
+    def warm_up(self, state_r: TrainState) -> None:
+        """Compiles the evaluation step in the background (:mod:`~deqjax._src.training.warm_up`)."""
+        if self._step is None:
+            return
+        batch, mask = next(iter(eval_batches(self._data, batch_size=self._batch_size)))
+        args = (state_r.params, shard(batch, self._local_devices), shard(mask, self._local_devices))
+        (self._compiled,) = compile_in_background([(self._step, args)])
 
     def due(self, step: int, train_data: BatchIterator) -> bool:
         """Whether ``step`` (just taken) ends an epoch, or is a multiple of ``eval_every``."""
@@ -645,11 +659,20 @@ class _Evaluator:
         """The means over ``eval_data`` of the replicated state's parameters."""
         batches = eval_batches(self._data, batch_size=self._batch_size)
         self.last_step = step
+        self._compiled()
         return evaluate(self._step, state_r.params, batches, devices=self._local_devices)
 
 
 def _steps_per_epoch(data: BatchIterator) -> int | None:
     return getattr(data, "steps_per_epoch", None)
+
+
+def _peek(data: BatchIterator) -> PyTree:
+    """The next batch of ``data``, which stays where it was."""
+    position = data.state
+    batch = next(data)
+    data.restore(position)
+    return batch
 
 
 class _Diagnostics:
@@ -667,13 +690,20 @@ class _Diagnostics:
             raise ValueError("diagnostics_every is required with diagnostics_fn.")
         self._every = every
         self._step = None
+        self._compiled = lambda: None  # waits for the warm-up's compilation
         if diagnostics_fn is not None:
             self._step = make_diagnostics_step(diagnostics_fn, devices=devices)
+
+    def warm_up(self, state_r: TrainState, batch: PyTree) -> None:
+        """Compiles the diagnostics step in the background."""
+        if self._step is not None:
+            (self._compiled,) = compile_in_background([(self._step, (state_r, batch))])
 
     def __call__(self, state_r: TrainState, batch: PyTree, step: int) -> dict | None:
         """The diagnostics record of ``step``, or None when none is due."""
         if self._step is None or step % self._every:
             return None
+        self._compiled()
         diag = {k: float(v) for k, v in unreplicate(self._step(state_r, batch)).items()}
         return {"split": "diagnostics", "step": step, **diag}
 

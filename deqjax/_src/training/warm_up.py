@@ -1,0 +1,67 @@
+"""Programs compiled in the background while the train step compiles and runs.
+
+A training run compiles three programs: the train step (first), the evaluation step (first used at
+the end of the first epoch) and the diagnostics step (first used after ``diagnostics_every``
+steps). Compiled one after the other on first use they add their compile times to the run (the
+main job on 2 CPU cores: 4.8 s, 0.9 s and 2.6 s, BENCHMARKS.md, "The main job's wall time"). XLA
+compiles a program on one host thread, so :func:`compile_in_background` lowers and compiles the
+later ones on threads of their own from the start: their compilation overlaps the train step's,
+and the first call finds its program in JAX's cache (a lowered-and-compiled ``pmap``/``jit``
+program is the one its call runs).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+PyTree = Any
+
+
+def abstract(tree: PyTree) -> PyTree:
+    """``tree``'s arrays as ``jax.ShapeDtypeStruct`` (shape, dtype and sharding): what lowering
+    needs, taken before the arrays are donated or deleted."""
+
+    def spec(a: Any) -> Any:
+        if isinstance(a, jax.Array):
+            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
+        return a
+
+    return jax.tree_util.tree_map(spec, tree)
+
+
+class Background:
+    """One program compiling on a thread of its own; :meth:`wait` before its first call.
+
+    A failure to lower or compile in the background is not raised there: the first call then
+    compiles (and raises) as it would have without the warm-up.
+    """
+
+    def __init__(self, fn: Any, args: Sequence[PyTree]):
+        self._thread = threading.Thread(
+            target=self._compile, args=(fn, [abstract(a) for a in args]), daemon=True
+        )
+        self._thread.start()
+
+    @staticmethod
+    def _compile(fn: Any, args: list[PyTree]) -> None:
+        try:
+            fn.lower(*args).compile()
+        except Exception:  # noqa: BLE001 -- the first call compiles and reports instead
+            pass
+
+    def wait(self) -> None:
+        """Blocks until the background compilation ended (at once after the first wait)."""
+        self._thread.join()
+
+
+def compile_in_background(jobs: Sequence[tuple[Any, Sequence[PyTree]] | None]) -> list[Callable]:
+    """Starts one :class:`Background` per ``(jitted or pmapped fn, example args)`` job (``None``:
+    nothing); returns their ``wait`` functions (a no-op for ``None``)."""
+    waits: list[Callable] = []
+    for job in jobs:
+        waits.append(Background(*job).wait if job is not None else (lambda: None))
+    return waits

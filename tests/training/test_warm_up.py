@@ -1,0 +1,97 @@
+"""The evaluation and diagnostics programs compile in the background while the train step
+does, and their first call finds them compiled."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from deqjax import data, training
+from deqjax._src.training import fit as fit_lib
+from deqjax._src.training import warm_up
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@pytest.fixture
+def compiles():
+    """The number of XLA compilations while the test runs (a list whose length counts)."""
+    seen = []
+
+    def listener(event, duration, **kwargs):
+        if event == COMPILE_EVENT:
+            seen.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_a_program_compiled_in_the_background_is_not_compiled_again(compiles):
+    step = jax.pmap(lambda p, b: jnp.sum(jnp.tanh(b @ p)) + 0.25, axis_name="batch")
+    p, b = jnp.ones((1, 9, 9), jnp.float32), jnp.ones((1, 3, 9), jnp.float32)
+    compiles.clear()  # making p and b compiled their own small programs
+    warm_up.Background(step, (p, b)).wait()
+    assert len(compiles) == 1
+    np.testing.assert_allclose(step(p, b), np.sum(np.tanh(np.ones((3, 9)) * 9)) + 0.25, rtol=1e-6)
+    assert len(compiles) == 1  # the call ran the background's program
+
+
+def _fit(eval_every=4):
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.normal(size=(64, 5)).astype(np.float32), "y": rng.normal(size=(64,))}
+    arrays["y"] = arrays["y"].astype(np.float32)
+
+    def loss_fn(params, batch, key, reg_state, step):
+        err = batch["x"] @ params["w"] - batch["y"]
+        return jnp.mean(err**2), {}
+
+    def eval_fn(params, batch):
+        return {"sq_err": (batch["x"] @ params["w"] - batch["y"]) ** 2}
+
+    def diagnostics_fn(params, batch, key, reg_state):
+        return {"w_norm": jnp.sqrt(jnp.sum(params["w"] ** 2))}
+
+    return training.fit(
+        params={"w": jnp.zeros((5,), jnp.float32)},
+        loss_fn=loss_fn,
+        optimizer=optax.sgd(0.05),
+        train_data=data.ShuffledBatches(arrays, batch_size=16, seed=0),
+        num_steps=8,
+        rng=jax.random.PRNGKey(0),
+        eval_fn=eval_fn,
+        eval_data=arrays,
+        eval_every=eval_every,
+        diagnostics_fn=diagnostics_fn,
+        diagnostics_every=4,
+        log_every=4,
+        progress=False,
+        print_fn=None,
+    ).history
+
+
+def test_fit_compiles_evaluation_and_diagnostics_once_and_trains_alike(compiles, monkeypatch):
+    _fit()  # the small programs every run shares (placing arrays, zeros) compile once per process
+    jobs = []
+    real = fit_lib.compile_in_background
+    monkeypatch.setattr(fit_lib, "compile_in_background", lambda js: jobs.extend(js) or real(js))
+    compiles.clear()
+    warm = _fit()
+    with_warm_up = len(compiles)
+    assert len(jobs) == 2  # the evaluation and the diagnostics steps, before the first step
+    # The same run with nothing compiled in the background: every program on first use.
+    monkeypatch.setattr(fit_lib, "compile_in_background", lambda jobs: [lambda: None] * len(jobs))
+    compiles.clear()
+    cold = _fit()
+    assert len(compiles) == with_warm_up  # no program compiled twice
+    untimed = lambda records: [
+        {k: v for k, v in r.items() if k != "examples_per_sec"} for r in records
+    ]  # noqa: E731
+    assert untimed(warm) == untimed(cold)
+    assert [r["split"] for r in warm].count("eval") == 2
+    assert [r["split"] for r in warm].count("diagnostics") == 2
