@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The GPU check: the core tests, then the solver, main-job and LM benchmarks, on this machine's GPU,
-# within 8 minutes on one H100 (each part has a time limit; their sum is 460 s), so that a session
+# within 8 minutes on one H100 (each part has a time limit; their sum is 470 s), so that a session
 # with 15 minutes of device time can run it once and rerun a part.
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR [PART ...]]    # from the repository root
 #
-# OUT_DIR defaults to gpu_check; PARTs (default all, in this order): tests, solvers_default,
-# solvers_highest, main_job, language_model. Needs the project installed with a CUDA build of
+# OUT_DIR defaults to gpu_check; PARTs (default all, in this order): tests, loop_floor,
+# solvers_default, solvers_highest, main_job, language_model. Needs the project installed with a CUDA build of
 # jaxlib (pip install -e ".[test,experiments,bench]" plus "jax[cuda12]") and the Fashion-MNIST
 # files of the main job (DESIGN.md, "Data"). Writes one file per part to OUT_DIR; the tables go
 # into BENCHMARKS.md beside the CPU ones, with the GPU's name and the matmul precision of each
@@ -16,7 +16,7 @@ set -uo pipefail
 out=${1:-gpu_check}
 shift || true
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(tests solvers_default solvers_highest main_job language_model)
+[ ${#parts[@]} -eq 0 ] && parts=(tests loop_floor solvers_default solvers_highest main_job language_model)
 mkdir -p "$out"
 python -c "import jax; print(jax.__version__, jax.devices())" | tee "$out/devices.txt"
 if ! python -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')"; then
@@ -43,11 +43,16 @@ for p in "${parts[@]}"; do
     # The core tests (the suite pins full-precision products in
     # tests/conftest.py; the precision tests run at JAX's default). Eight workers share the GPU:
     # none may take 75 % of its memory up front.
-    tests) XLA_PYTHON_CLIENT_PREALLOCATE=false part tests 110 python -m pytest -q -n 8 \
+    tests) XLA_PYTHON_CLIENT_PREALLOCATE=false part tests 100 python -m pytest -q -n 8 \
       -m "not slow" tests/solvers tests/adjoints tests/test_fixed_point.py tests/test_precision.py \
       tests/test_compiled.py tests/nn ;;
-    solvers_default) part solvers_default 110 "${solvers[@]}" --out "$out/solvers_default.md" ;;
-    solvers_highest) part solvers_highest 110 "${solvers[@]}" --precision highest \
+    # What the loop itself costs: a static fori_loop, while_loops checked every 1/4/8 steps and
+    # every solver at check_every 1/4/8, 24 evaluations each ("highest": no TF32 noise in it).
+    loop_floor) part loop_floor 60 python -m benchmarks.solvers --loop_floor --check_every 1 4 8 \
+      --sizes 512x128 2048x256 --processes 1 --repeats 10 --rows deqjax jaxopt \
+      --precision highest --out "$out/loop_floor.md" ;;
+    solvers_default) part solvers_default 90 "${solvers[@]}" --out "$out/solvers_default.md" ;;
+    solvers_highest) part solvers_highest 90 "${solvers[@]}" --precision highest \
       --out "$out/solvers_highest.md" ;;
     # The main job's train step on the GPU (one device: the default backend), float32 and
     # bfloat16 (--dtype).
@@ -55,7 +60,8 @@ for p in "${parts[@]}"; do
       --dtypes float32,bfloat16 ;;
     language_model) part language_model 60 python -m benchmarks.language_model --depths 8 \
       --seq_lens 64,128 --repeats 5 ;;
-    *) echo "unknown part $p (tests, solvers_default, solvers_highest, main_job, language_model)" >&2
+    *) echo "unknown part $p (tests, loop_floor, solvers_default, solvers_highest, main_job," \
+      "language_model)" >&2
       failed=$((failed + 1)) ;;
   esac
 done

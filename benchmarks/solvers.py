@@ -5,6 +5,7 @@
     python -m benchmarks.solvers --sizes 512x128 2048x256 --precision highest   # on a GPU
     python -m benchmarks.solvers --rows deqjax naive --modes native vmap
     python -m benchmarks.solvers --emulate_tf32 --dims 512 --rows deqjax naive jaxopt optimistix
+    python -m benchmarks.solvers --loop_floor --check_every 1 4 8 --sizes 512x128 2048x256
 
 One problem for every row: ``f(z) = tanh(z Wᵀ + x Uᵀ + b)`` (``benchmarks.common.tanh_layer``),
 ``ρ(W) = --radius`` (1.0), a batch of ``--batches`` inputs of size ``--dims``, float32, ``z0 = 0``,
@@ -42,6 +43,13 @@ precision include the check of each solve at full precision (one more evaluation
 cost is the difference between a CPU run at the default precision and one at ``--precision
 highest`` (CPU products are full float32 at both, so nothing else differs).
 
+``--check_every 1 4 8`` gives every deqjax row once per value of ``check_every`` (the steps
+between two reads of the stopping rule; ``auto`` by default). ``--loop_floor`` measures instead
+what the loop itself costs: µs per evaluation of ``f`` over exactly 24 evaluations of a static
+``fori_loop`` (no predicate read), of ``while_loop``s that check the batch's residual every 1, 4
+and 8 steps, of deqjax's solvers at each ``--check_every`` (``tol = 0``: the whole budget) and of
+jaxopt's ``AndersonAcceleration(5)``, interleaved call by call.
+
 Columns: NFE mean / max over the batch, the fraction the solver reports converged, the fraction
 whose relative residual ``‖f(z*) − z*‖ / ‖f(z*)‖`` recomputed in float64 is at most ``tol`` (1 %
 slack for float32 rounding) and the largest such residual, forward time and ratio, forward +
@@ -73,6 +81,7 @@ import numpy as np
 
 import deqjax as dq
 from benchmarks import common, peers
+from deqjax._src.solvers import loop as loop_lib
 
 ROWS = ("naive", "deqjax", "jaxopt", "optimistix", "torchdeq")
 DEQJAX = {
@@ -186,10 +195,12 @@ def naive_backward_steps(p, x, z_star, max_steps: int, tol: float) -> int:
 # --- deqjax and optimistix rows -------------------------------------------------------------------
 
 
-def deqjax_loss(make: Callable, mode: str, max_steps: int, tol: float) -> Callable:
+def deqjax_loss(
+    make: Callable, mode: str, max_steps: int, tol: float, check_every: Any = "auto"
+) -> Callable:
     """A deqjax row: ``dq.fixed_point`` with the solver ``make(...)`` and ``ImplicitAdjoint``."""
     bn = 1 if mode == "native" else 0
-    solver = make(max_steps=max_steps, tol=tol, batch_ndim=bn)
+    solver = make(max_steps=max_steps, tol=tol, batch_ndim=bn, check_every=check_every)
     adjoint = dq.ImplicitAdjoint()
 
     def loss(p, x):
@@ -207,11 +218,18 @@ def deqjax_loss(make: Callable, mode: str, max_steps: int, tol: float) -> Callab
     return loss
 
 
-def deqjax_backward_steps(make: Callable, mode: str, p, x, z_star, max_steps, tol) -> int:
+def deqjax_backward_steps(
+    make: Callable, mode: str, p, x, z_star, max_steps, tol, check_every: Any = "auto"
+) -> int:
     """The implicit backward's evaluations of the VJP (the slowest example), for its floor: the
     forward solver on ``u = g + Jᵀu`` at ``z*``, ``g = ∂ mean(z*²) / ∂z*`` (the fallback is not
     counted: it runs only where this solve fails)."""
-    solver = make(max_steps=max_steps, tol=tol, batch_ndim=1 if mode == "native" else 0)
+    solver = make(
+        max_steps=max_steps,
+        tol=tol,
+        batch_ndim=1 if mode == "native" else 0,
+        check_every=check_every,
+    )
     g, vjp = adjoint_problem(p, x, z_star)
 
     def one(gi, vjp_i):
@@ -270,8 +288,11 @@ def loop_kernels(fn: Callable, *args: Any) -> int:
     return best
 
 
-def measure(loss: Callable, p, x, floors, args, bwd_steps: Callable | None) -> dict[str, Any]:
-    """One JAX row: statistics, float64 residuals, paired times and ratios."""
+def measure(
+    loss: Callable, p, x, floors, args, bwd_steps: Callable | None, steps_per_body: int = 1
+) -> dict[str, Any]:
+    """One JAX row: statistics, float64 residuals, paired times and ratios (the loop body runs
+    ``steps_per_body`` solver steps: its kernels are divided by it)."""
     f_loop, vjp_loop, n_floor = floors
     fwd = jax.jit(loss)
     grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
@@ -303,7 +324,7 @@ def measure(loss: Callable, p, x, floors, args, bwd_steps: Callable | None) -> d
         "both_ms": 1e3 * statistics.median(t_both),
         "bwd_nfe": n_bwd,
         "both_ratio": statistics.median(both_ratios) if both_ratios else None,
-        "kernels": loop_kernels(lambda p, x: loss(p, x)[1][0], p, x),
+        "kernels": loop_kernels(lambda p, x: loss(p, x)[1][0], p, x) / steps_per_body,
     }
 
 
@@ -357,12 +378,22 @@ def rows_for(d: int, batch: int, args) -> dict[str, dict]:
     if "deqjax" in args.rows:
         for name, make in DEQJAX.items():
             for mode in args.modes:
-                loss = deqjax_loss(make, mode, args.max_steps, args.tol)
-                steps = functools.partial(
-                    deqjax_backward_steps, make, mode, p, x, max_steps=args.max_steps, tol=args.tol
-                )
-                label = f"deqjax {name}" + ("" if mode == "native" else f" ({mode})")
-                add(label, measure, loss, p, x, floors, args, steps)
+                for k in args.check_every:
+                    loss = deqjax_loss(make, mode, args.max_steps, args.tol, k)
+                    steps = functools.partial(
+                        deqjax_backward_steps,
+                        make,
+                        mode,
+                        p,
+                        x,
+                        max_steps=args.max_steps,
+                        tol=args.tol,
+                        check_every=k,
+                    )
+                    label = f"deqjax {name}" + ("" if mode == "native" else f" ({mode})")
+                    label += "" if len(args.check_every) == 1 else f" k={k}"
+                    per_body = loop_lib.resolve_check_every(k)
+                    add(label, measure, loss, p, x, floors, args, steps, per_body)
     if "jaxopt" in args.rows:
         abs_tol = args.tol * float(jnp.linalg.norm(z_ref))
         for name, solver in PEER_SOLVERS.items():
@@ -378,6 +409,93 @@ def rows_for(d: int, batch: int, args) -> dict[str, dict]:
     t_vjp = statistics.median(_seconds(vjp_loop, p, x, z_ref) / args.floor_steps for _ in range(5))
     out["floor"] = {"t_f_ms": 1e3 * t_f, "t_vjp_ms": 1e3 * t_vjp}
     return out
+
+
+# --- the loop floor: what a loop itself costs ----------------------------------------------------
+
+
+FLOOR_STEPS = 24  # evaluations every row of the loop-floor table makes
+
+
+def checked_loop(k: int, n: int) -> Callable:
+    """``z ← f(z)`` for ``n`` evaluations in a ``while_loop`` whose body runs ``k`` of them
+    (unrolled) and then computes the batch's largest relative residual, the quantity a stopping
+    rule reads (with ``tol = 0`` it never stops early)."""
+
+    def run(p, x):
+        def cond(c):
+            i, _, res = c
+            return (i < n) & (res > 0.0)
+
+        def body(c):
+            i, z, _ = c
+            for _ in range(k):
+                fz = peers.batch_cell(p, x, z)
+                z, prev = fz, z
+            res = jnp.max(jnp.linalg.norm(z - prev, axis=-1) / jnp.linalg.norm(z, axis=-1))
+            return i + k, z, res
+
+        _, z, _ = jax.lax.while_loop(cond, body, (0, jnp.zeros_like(x), jnp.inf))
+        return z
+
+    return jax.jit(run)
+
+
+def floor_table_rows(d: int, batch: int, args) -> dict[str, dict]:
+    """µs per evaluation of every loop over ``FLOOR_STEPS`` evaluations: the static
+    ``fori_loop``, ``while_loop``s checked every k steps, deqjax's solvers at each k (``tol = 0``,
+    the whole budget) and jaxopt's Anderson, in this process."""
+    p, x = common.tanh_layer(d, batch, args.radius, seed=args.seed)
+    n = FLOOR_STEPS
+    loops: dict[str, Callable] = {"fori_loop, static trip count": floor_loops(n)[0]}
+    for k in (1, 4, 8):
+        loops[f"while_loop, checked every {k}"] = checked_loop(k, n)
+    for name, make in DEQJAX.items():
+        for k in args.check_every:
+            solver = make(max_steps=n, tol=0.0, batch_ndim=1, check_every=k)
+
+            def forward(p, x, solver=solver):
+                return solver(lambda z: peers.batch_cell(p, x, z), jnp.zeros_like(x)).value
+
+            loops[f"deqjax {name} k={k}"] = jax.jit(forward)
+    if "jaxopt" in args.rows:
+        import jaxopt
+
+        anderson = jaxopt.AndersonAcceleration(
+            lambda z, p, x: peers.batch_cell(p, x, z), maxiter=n, tol=0.0, history_size=5
+        )
+        loops["jaxopt AndersonAcceleration(5)"] = jax.jit(
+            lambda p, x: anderson.run(jnp.zeros_like(x), p, x)[0]
+        )
+    for fn in loops.values():
+        jax.block_until_ready(fn(p, x))
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    for _ in range(args.repeats):  # interleaved: a load spike hits every row alike
+        for name, fn in loops.items():
+            times[name].append(_seconds(fn, p, x) / n)
+    base = statistics.median(times["fori_loop, static trip count"])
+    out = {}
+    for name, ts in times.items():
+        t = statistics.median(ts)
+        out[name] = {"us": 1e6 * t, "ratio": t / base}
+        print(f"d={d} B={batch} {name}: {out[name]}", file=sys.stderr, flush=True)
+    return out
+
+
+def floor_table(merged: dict, args, processes: int) -> list[str]:
+    lines = []
+    for size, rows in merged.items():
+        lines += ["", f"{size}: {FLOOR_STEPS} evaluations per row", ""]
+        lines += common.markdown_header(("loop", "µs per evaluation", "÷ static loop"), "lrr")
+        for name, r in rows.items():
+            lines.append(common.markdown_row([name, f"{r['us']:.1f}", f"{r['ratio']:.2f}"]))
+    lines += [
+        "",
+        f"{datetime.date.today().isoformat()}, {common.machine()}, float32, matmul precision "
+        f"{args.precision or 'default'}, median of {args.repeats} calls per process, "
+        f"{processes} process(es)",
+    ]
+    return lines
 
 
 # --- tables ---------------------------------------------------------------------------------------
@@ -431,7 +549,7 @@ def table(merged: dict, args, processes: int) -> list[str]:
                 _fmt(r["both_ms"], ".2f"),
                 _fmt(r["bwd_nfe"], ".0f"),
                 _fmt(r["both_ratio"], ".2f"),
-                _fmt(r["kernels"], ".0f"),
+                _fmt(r["kernels"], ".3g"),
             ]
             lines.append(common.markdown_row(cells))
     lines += [
@@ -464,6 +582,20 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--floor_steps", type=int, default=20, help="evaluations in the floor's loop")
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     p.add_argument("--modes", nargs="+", default=["native"], choices=["native", "vmap"])
+    p.add_argument(
+        "--check_every",
+        nargs="+",
+        default=["auto"],
+        type=lambda v: v if v == "auto" else int(v),
+        help="check_every values of the deqjax rows (one row per value), e.g. 1 4 8",
+    )
+    p.add_argument(
+        "--loop_floor",
+        action="store_true",
+        help=f"the loop-floor table instead: µs per evaluation over {FLOOR_STEPS} evaluations of "
+        "a static fori_loop, while_loops checked every 1/4/8 steps, deqjax at each "
+        "--check_every (tol 0) and jaxopt's Anderson",
+    )
     p.add_argument("--processes", type=int, default=3, help="fresh processes, medians over them")
     p.add_argument("--quick", action="store_true", help="one process, 5 repeats")
     p.add_argument("--smoke", action="store_true", help="d 16, batch 4, 1 repeat (a check)")
@@ -497,8 +629,9 @@ def run(args) -> dict:
     precision = (
         jax.default_matmul_precision(args.precision) if args.precision else contextlib.nullcontext()
     )
+    measure_size = floor_table_rows if args.loop_floor else rows_for
     with precision:
-        return {f"d = {d}, batch {b}": rows_for(d, b, args) for d, b in sizes(args)}
+        return {f"d = {d}, batch {b}": measure_size(d, b, args) for d, b in sizes(args)}
 
 
 def sizes(args) -> list[tuple[int, int]]:
@@ -531,7 +664,8 @@ def main(argv=None) -> str:
                 with open(fh.name) as res:
                     runs.append(json.load(res))
             print(f"# process {i + 1}/{args.processes} done", file=sys.stderr, flush=True)
-    return common.emit(table(merge(runs), args, len(runs)), args.out)
+    make_table = floor_table if args.loop_floor else table
+    return common.emit(make_table(merge(runs), args, len(runs)), args.out)
 
 
 if __name__ == "__main__":
