@@ -87,7 +87,9 @@ def test_gmres_ends_a_cycle_on_an_invariant_subspace():
 
 def test_gmres_program_has_one_loop_one_evaluation_of_f_and_three_norms():
     """The fallback of every implicit backward must be cheap to compile: GMRES is one while loop
-    (no nested restart, Arnoldi or Gram–Schmidt loops) with f traced once, inside it (the start,
+    (no nested restart, Arnoldi or Gram–Schmidt loops; only its cycle's least squares, under a
+    cond, runs two short loops of n Givens rotations and substitutions) with f traced once,
+    inside it (the start,
     f(z0), is the loop's first step, and b = f(0) is never evaluated), and it reduces the state
     three times per step: the stopping rule's ||f(u) - u|| and ||f(u)|| (which also give the
     step's spread s) and the new basis vector's norm (which with its projections gives ||A v||).
@@ -97,8 +99,10 @@ def test_gmres_program_has_one_loop_one_evaluation_of_f_and_three_norms():
     def f(u):
         return b + jnp.sin(a) @ u
 
-    text = jax.jit(lambda u0: solvers.gmres(f, u0).value).lower(jnp.zeros(8)).as_text()
-    assert text.count("stablehlo.while") == 1
+    # restart 5: the least squares' reductions over [5] are not the state's over [8]
+    solve = lambda u0: solvers.gmres(f, u0, restart=5).value  # noqa: E731
+    text = jax.jit(solve).lower(jnp.zeros(8)).as_text()
+    assert text.count("stablehlo.while") == 3  # the loop, and the least squares' two
     assert text.count("stablehlo.sine") == 1  # once, in the loop body
     norms = [
         line

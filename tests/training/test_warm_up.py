@@ -42,7 +42,7 @@ def test_a_program_compiled_in_the_background_is_not_compiled_again(compiles):
     assert len(compiles) == 1  # the call ran the background's program
 
 
-def _fit(eval_every=4):
+def _fit(eval_every=4, traces=None):
     rng = np.random.default_rng(0)
     arrays = {"x": rng.normal(size=(64, 5)).astype(np.float32), "y": rng.normal(size=(64,))}
     arrays["y"] = arrays["y"].astype(np.float32)
@@ -55,6 +55,8 @@ def _fit(eval_every=4):
         return {"sq_err": (batch["x"] @ params["w"] - batch["y"]) ** 2}
 
     def diagnostics_fn(params, batch, key, reg_state):
+        if traces is not None:
+            traces.append(1)
         return {"w_norm": jnp.sqrt(jnp.sum(params["w"] ** 2))}
 
     return training.fit(
@@ -95,3 +97,12 @@ def test_fit_compiles_evaluation_and_diagnostics_once_and_trains_alike(compiles,
     assert untimed(warm) == untimed(cold)
     assert [r["split"] for r in warm].count("eval") == 2
     assert [r["split"] for r in warm].count("diagnostics") == 2
+
+
+def test_a_setting_local_to_the_calling_thread_reaches_the_background():
+    """The suite pins strict dtype promotion; a run under ``jax.numpy_dtype_promotion("standard")``
+    traces its diagnostics once (in the background, with the caller's setting), not twice."""
+    traces = []
+    with jax.numpy_dtype_promotion("standard"):
+        _fit(traces=traces)
+    assert len(traces) == 1

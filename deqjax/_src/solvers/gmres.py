@@ -6,12 +6,19 @@ one VJP of the cell). A cycle of ``n`` Arnoldi steps builds an orthonormal basis
 Krylov space ``K_n(A, r)`` of the cycle's starting residual ``r = b − A u`` and the Hessenberg
 matrix ``H`` with ``A V_n = V_{n+1} H̄`` (classical Gram–Schmidt against every basis column,
 the unused ones zero); the cycle ends with ``u ← u + V_n y``, ``y`` the least-squares solution of
-``min ‖β e₁ − H̄ y‖`` (``β = ‖r‖``, :func:`jax.numpy.linalg.lstsq`). An Arnoldi step
+``min ‖β e₁ − H̄ y‖`` (``β = ‖r‖``, Givens rotations and back substitution). An Arnoldi step
 whose new vector vanishes below ``eps ‖A v‖`` (an invariant subspace: ``u + V y`` is exact)
 ends the cycle early. The Krylov workspace (the basis, ``H̄``, the least squares) is held in the
 problem's reduction dtype: float32 for a bfloat16 or float16 state (a half-precision basis loses
-its orthogonality within a few steps, and LAPACK has no half-precision least squares), float64 for
+its orthogonality within a few steps), float64 for
 float64; the iterate and every argument of ``f`` keep the state's dtype.
+
+With ``batch_ndim = n`` every quantity of a cycle is per problem (the projections, norms, ``β``,
+the step ``s``, ``H̄`` and its least squares): the cycles start at the same steps for the whole
+batch, a problem whose residual already meets its target (or that stopped) takes a cycle of
+zero vectors (its iterate does not move), and one whose Krylov space became invariant gets zero
+columns (their ``y`` is 0) while the others go on. Each problem's iterates are those it would
+have alone, to rounding.
 
 Every step of the loop evaluates ``f`` once: at the cycle's first step, at ``u`` (that
 evaluation is judged by the stopping rule, :func:`deqjax._src.solvers.stopping.judge`, and its
@@ -33,10 +40,10 @@ The accounting is that of a cycle run by :func:`jax.scipy.sparse.linalg.gmres` w
 residual: ``n + 3`` evaluations charged per cycle (its starting residual, ``n`` Arnoldi
 products, its final residual, the check), written in the trace at each evaluation index of the
 cycle; the start costs two (there, ``b = f(0)`` and ``f(z0)``; here one evaluation, so the
-charges are an upper bound). The arithmetic is that cycle's too (its least squares solved by an
-SVD rather than by normal equations; ``L v`` by a difference, see :func:`_body`), so the
-iterates agree with it to float rounding; a cycle whose starting residual already meets the target
-(every running problem's ``tol × scale``) is skipped, as there.
+charges are an upper bound). The arithmetic is that cycle's too (its least squares solved by
+Givens rotations rather than by normal equations; ``L v`` by a difference, see :func:`_body`), so
+the iterates agree with it to float rounding; a cycle whose starting residual already meets the
+target (every running problem's ``tol × scale``) is skipped, as there.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from deqjax._src import tree
 from deqjax._src.solvers import stopping, verify
@@ -54,14 +62,44 @@ from deqjax._src.solvers.solution import Solution
 PyTree = Any
 
 
-def _normalize(t: PyTree, norm: jax.Array, thresh: jax.Array) -> tuple[PyTree, jax.Array]:
-    """``(t / ‖t‖, ‖t‖)``, or zeros and 0 where ``‖t‖ <= thresh`` (``norm``: ``‖t‖`` of the whole
-    pytree, every problem of a batch together)."""
-    dtype = jnp.result_type(*jax.tree_util.tree_leaves(t))
-    use = norm > jnp.asarray(thresh).astype(dtype)
-    scale = norm.astype(dtype)
-    unit = jax.tree_util.tree_map(lambda a: jnp.where(use, a / scale, 0.0), t)
+def _normalize(t: PyTree, norm: jax.Array, thresh: jax.Array, bn: int) -> tuple[PyTree, jax.Array]:
+    """``(t / ‖t‖, ‖t‖)`` per problem, or zeros and 0 where ``‖t‖ <= thresh`` (``norm`` and
+    ``thresh``: ``[*batch]``)."""
+    use = norm > thresh
+    unit = tree.tree_scale(jnp.where(use, 1.0 / jnp.where(use, norm, 1.0), 0.0), t, bn)
     return unit, jnp.where(use, norm, 0.0)
+
+
+def _flat(a: jax.Array, bn: int, keep_last: bool = False) -> jax.Array:
+    """``a`` as ``[problems, features]`` (``[problems, features, last]`` with ``keep_last``)."""
+    problems = int(np.prod(a.shape[:bn]))
+    return a.reshape((problems, -1, a.shape[-1]) if keep_last else (problems, -1))
+
+
+def _project(basis: PyTree, w: PyTree, bn: int) -> jax.Array:
+    """``Vᵀ w`` per problem: ``[*batch, n + 1]``."""
+
+    def one(vs, a):
+        out = jnp.einsum("pfn,pf->pn", _flat(vs, bn, True), _flat(a, bn), precision=tree.HIGHEST)
+        return out.reshape(a.shape[:bn] + vs.shape[-1:])
+
+    return jax.tree_util.tree_reduce(jnp.add, jax.tree_util.tree_map(one, basis, w))
+
+
+def _combine(basis: PyTree, y: jax.Array, bn: int) -> PyTree:
+    """``V y`` per problem, ``y`` ``[*batch, columns]`` over the first columns of ``V``."""
+
+    def one(vs):
+        cols = vs[..., : y.shape[-1]]
+        flat = jnp.einsum(
+            "pfn,pn->pf",
+            _flat(cols, bn, True),
+            y.reshape((-1, y.shape[-1])),
+            precision=tree.HIGHEST,
+        )
+        return flat.reshape(vs.shape[:-1])
+
+    return jax.tree_util.tree_map(one, basis)
 
 
 def _up(t: PyTree, rdtype: jnp.dtype) -> PyTree:
@@ -74,31 +112,81 @@ def _like(t: PyTree, ref: PyTree) -> PyTree:
     return jax.tree_util.tree_map(lambda a, r: a.astype(r.dtype), t, ref)
 
 
-def _cycle_update(basis: PyTree, hess: jax.Array, beta: jax.Array) -> PyTree:
-    """``V_n y`` with ``y = argmin ‖β e₁ − H̄ y‖`` (``hess`` is ``H̄ᵀ``, row ``k`` holding column
-    ``k``; columns not built are unit vectors below the built ones, so their ``y`` is 0)."""
-    rhs = jnp.where(jnp.arange(hess.shape[1]) == 0, beta.astype(hess.dtype), 0.0)
-    y = jnp.linalg.lstsq(hess.T, rhs)[0]
-    return jax.tree_util.tree_map(lambda v: jnp.dot(v[..., :-1], y, precision=tree.HIGHEST), basis)
+def _hessenberg_lstsq(hess: jax.Array, beta: jax.Array) -> jax.Array:
+    """``y = argmin ‖β e₁ − H̄ y‖`` per problem by Givens rotations and back substitution
+    (``hess`` ``[*batch, n, n + 1]`` is ``H̄ᵀ``; ``y`` ``[*batch, n]``).
+
+    Elementwise work on the batch in two ``fori_loop``s of ``n`` steps, no LAPACK call: a batched
+    SVD per cycle inside the solver's loop hung XLA:CPU with several devices (pmap over 4 fake
+    devices), and the rotations are backward stable where normal equations would square the
+    condition number. A zero pivot (a column that was never built, a problem whose cycle is all
+    zeros) gives that ``y_j = 0``."""
+    n = hess.shape[-2]
+    h = jnp.swapaxes(hess, -1, -2)  # [*batch, n + 1, n]: H̄
+    g = jnp.where(jnp.arange(n + 1) == 0, beta[..., None].astype(h.dtype), 0.0)  # [*batch, n + 1]
+    rows = jnp.arange(n + 1)[:, None]
+
+    def rotate(j, hg):
+        h, g = hg
+        h_j = jax.lax.dynamic_index_in_dim(h, j, -2, False)  # [*batch, n]
+        h_k = jax.lax.dynamic_index_in_dim(h, j + 1, -2, False)
+        a = jax.lax.dynamic_index_in_dim(h_j, j, -1, False)  # [*batch]
+        b = jax.lax.dynamic_index_in_dim(h_k, j, -1, False)
+        r = jnp.hypot(a, b)
+        safe = r > 0
+        c = jnp.where(safe, a / jnp.where(safe, r, 1.0), 1.0)
+        sn = jnp.where(safe, b / jnp.where(safe, r, 1.0), 0.0)
+        hj = jax.lax.dynamic_index_in_dim(h, j, -2)  # [*batch, 1, n]
+        hk = jax.lax.dynamic_index_in_dim(h, j + 1, -2)
+        gj = jax.lax.dynamic_index_in_dim(g, j, -1)  # [*batch, 1]
+        gk = jax.lax.dynamic_index_in_dim(g, j + 1, -1)
+        c3, s3 = c[..., None, None], sn[..., None, None]
+        h = jnp.where(rows == j, c3 * hj + s3 * hk, jnp.where(rows == j + 1, c3 * hk - s3 * hj, h))
+        ids = jnp.arange(n + 1)
+        c2, s2 = c[..., None], sn[..., None]
+        g = jnp.where(ids == j, c2 * gj + s2 * gk, jnp.where(ids == j + 1, c2 * gk - s2 * gj, g))
+        return h, g
+
+    h, g = jax.lax.fori_loop(0, n, rotate, (h, g))
+    tiny = jnp.finfo(h.dtype).tiny
+
+    def substitute(i, y):
+        j = n - 1 - i
+        row = jax.lax.dynamic_index_in_dim(h, j, -2, False)  # [*batch, n]
+        pivot = jax.lax.dynamic_index_in_dim(row, j, -1, False)
+        rest = jnp.sum(jnp.where(jnp.arange(n) > j, row * y, 0.0), axis=-1)
+        g_j = jax.lax.dynamic_index_in_dim(g, j, -1, False)
+        ok = jnp.abs(pivot) > tiny
+        y_j = jnp.where(ok, (g_j - rest) / jnp.where(ok, pivot, 1.0), 0.0)
+        return jnp.where(jnp.arange(n) == j, y_j[..., None], y)
+
+    return jax.lax.fori_loop(0, n, substitute, jnp.zeros(h.shape[:-2] + (n,), h.dtype))
 
 
-# Columns of _Carry.scalars: evaluations of f charged so far; the step (0: the next evaluation is
-# at u and judged, j + 1: Arnoldi step j); ‖r‖ of the cycle's starting residual; s (Arnoldi step j
-# evaluates f at u + s V[:, j]).
-_K, _STEP, _BETA, _SPREAD = range(4)
+def _cycle_update(basis: PyTree, hess: jax.Array, beta: jax.Array, bn: int) -> PyTree:
+    """``V_n y`` with ``y = argmin ‖β e₁ − H̄ y‖`` per problem (:func:`_hessenberg_lstsq`)."""
+    return _combine(basis, _hessenberg_lstsq(hess, beta), bn)
+
+
+# Columns of _Carry.scalars, shared by every problem: evaluations of f charged so far; the step
+# (0: the next evaluation is at u and judged, j + 1: Arnoldi step j).
+_K, _STEP = range(2)
+# Columns of _Carry.per_problem: ‖r‖ of the cycle's starting residual; s (Arnoldi step j evaluates
+# f at u + s V[:, j]).
+_BETA, _SPREAD = range(2)
 
 
 class _Carry(NamedTuple):
-    # [4] in the reduction dtype (the columns above): one array, so that a step updates them in
-    # one kernel, as stopping.Book does (the counts are exact below 2^24).
+    # [2] in the reduction dtype (the columns above; the counts are exact below 2^24).
     scalars: jax.Array
+    per_problem: jax.Array  # [*batch, 2]: the columns above, per problem
     u: PyTree  # the current iterate (the next one judged)
     best_u: PyTree
     best_fu: PyTree  # f(best_u), kept so that f_value costs no extra evaluation
     best_aux: PyTree  # the aux of f at best_u (() without has_aux)
     book: stopping.Book  # per-problem residuals, status, trace
     basis: PyTree  # leaves [..., n + 1]: V of the current cycle (columns not yet built are zero)
-    hess: jax.Array  # [n, n + 1]: row j is column j of H̄ (identity rows until built)
+    hess: jax.Array  # [*batch, n, n + 1]: row j is column j of H̄ (identity rows until built)
     f_base: PyTree  # f at the cycle's starting iterate, in the reduction dtype
 
 
@@ -127,14 +215,15 @@ def _body(s: _Setup):
     bn, rdtype = problem.batch_ndim, problem.rdtype
     cols = jnp.arange(n + 1, dtype=jnp.int32)
     eps = jnp.finfo(rdtype).eps
+    lead = (1,) * bn  # [n + 1]-shaped masks broadcast against [*batch, n + 1]
 
     def body_fun(c: _Carry) -> _Carry:
-        k, beta, spread = c.scalars[_K], c.scalars[_BETA], c.scalars[_SPREAD]
+        k, beta, spread = c.scalars[_K], c.per_problem[..., _BETA], c.per_problem[..., _SPREAD]
         k_int = k.astype(jnp.int32)
         at_u = c.scalars[_STEP] == 0
         j = jnp.maximum(c.scalars[_STEP].astype(jnp.int32) - 1, 0)
         v = jax.tree_util.tree_map(lambda a: a[..., j], c.basis)
-        away = tree.tree_add(_up(c.u, rdtype), tree.tree_scale(spread, v))
+        away = tree.tree_add(_up(c.u, rdtype), tree.tree_scale(spread, v, bn))
         x = tree.tree_where(at_u, c.u, _like(away, c.u))
         fx, aux = problem.fn(x)
         # The judgement of f(u), charged as jax.scipy's restarted GMRES is: 2 for the start, a cycle
@@ -156,52 +245,52 @@ def _body(s: _Setup):
         u = tree.tree_where(finite, c.u, c.best_u, bn)
         f_base = _up(tree.tree_where(finite, fx, c.best_fu, bn), rdtype)
         r = tree.tree_sub(f_base, _up(u, rdtype))
-        lv = tree.tree_scale(1.0 / spread, tree.tree_sub(_up(fx, rdtype), c.f_base))
+        lv = tree.tree_scale(1.0 / spread, tree.tree_sub(_up(fx, rdtype), c.f_base), bn)
         av = tree.tree_sub(v, lv)
         w = tree.tree_where(at_u, r, av)
-        # Classical Gram–Schmidt against the basis (none at a cycle's start).
-        parts = jax.tree_util.tree_map(
-            lambda vs, a: jnp.einsum("...n,...->n", vs, a, precision=tree.HIGHEST), c.basis, w
-        )
-        h = jnp.where(at_u, 0.0, jax.tree_util.tree_reduce(jnp.add, parts))
-        w = jax.tree_util.tree_map(
-            lambda a, vs: a - jnp.dot(vs, h, precision=tree.HIGHEST), w, c.basis
-        )
+        # Classical Gram–Schmidt against the basis (none at a cycle's start), per problem.
+        h = jnp.where(at_u, 0.0, _project(c.basis, w, bn))  # [*batch, n + 1]
+        w = tree.tree_sub(w, _combine(c.basis, h, bn))
         # A vector below eps ‖A v‖ is zero: the Krylov space is invariant and u + V y is exact.
         # ||A v||^2 = ||h||^2 + ||w||^2 (w is A v less its projection on the basis).
-        w_norm = tree.tree_norm(w)
-        thresh = eps * jnp.sqrt(jnp.where(at_u, 1.0, jnp.sum(h * h) + w_norm * w_norm))
-        unit, w_norm = _normalize(w, w_norm, thresh)
+        w_norm = tree.tree_norm(w, bn)
+        # A cycle is run for the problems whose ‖r‖ is above their target (and that run); for
+        # the others its basis stays zero (their u does not move): each problem's cycle is the one
+        # it would run alone.
+        target = jnp.asarray(rule.tol, rdtype) * judged.residuals.scale
+        need = book.running & (w_norm > target)
+        w_norm = jnp.where(at_u & ~need, 0.0, w_norm)
+        thresh = eps * jnp.sqrt(jnp.where(at_u, 1.0, jnp.sum(h * h, axis=-1) + w_norm * w_norm))
+        unit, w_norm = _normalize(w, w_norm, thresh, bn)
         slot = jnp.where(at_u, 0, j + 1)
         basis = jax.tree_util.tree_map(
             lambda vs, a: jnp.where(cols == slot, a[..., None], jnp.where(at_u, 0.0, vs)),
             c.basis,
             unit,
         )
-        row = jnp.where(cols == j + 1, w_norm.astype(h.dtype), h)
+        row = jnp.where((cols == j + 1).reshape(lead + (n + 1,)), w_norm[..., None], h)
         fresh = jnp.eye(n, n + 1, dtype=c.hess.dtype)
-        hess = jnp.where(at_u, fresh, jnp.where((cols[:n] == j)[:, None], row, c.hess))
-        done = ~at_u & ((w_norm == 0.0) | (j + 1 >= n))
+        built = (cols[:n] == j).reshape(lead + (n, 1))
+        hess = jnp.where(at_u, fresh, jnp.where(built, row[..., None, :], c.hess))
+        done = ~at_u & (jnp.all(w_norm == 0.0) | (j + 1 >= n))
 
         def update() -> PyTree:
-            return _like(tree.tree_add(_up(c.u, rdtype), _cycle_update(basis, hess, beta)), c.u)
+            step = _cycle_update(basis, hess, beta, bn)
+            return _like(tree.tree_add(_up(c.u, rdtype), step), c.u)
 
         u = tree.tree_where(at_u, u, jax.lax.cond(done, update, lambda: c.u))
-        # A cycle is skipped (the next step judges u again) where ‖r‖ already meets the target
-        # of every running problem: each problem's residual is at most ‖r‖.
-        target = jnp.asarray(rule.tol, rdtype) * judged.residuals.scale
-        atol = jnp.min(jnp.where(book.running, target, jnp.inf))
-        step = jnp.where(at_u, jnp.where(w_norm > atol, 1, 0), jnp.where(done, 0, j + 2))
-        scalars = jnp.stack(
+        step = jnp.where(at_u, jnp.where(jnp.any(need), 1, 0), jnp.where(done, 0, j + 2))
+        scalars = jnp.stack([k + jnp.where(at_u, charge, 0).astype(rdtype), step.astype(rdtype)])
+        per_problem = jnp.stack(
             [
-                k + jnp.where(at_u, charge, 0).astype(rdtype),
-                step.astype(rdtype),
                 jnp.where(at_u, w_norm, beta),
                 jnp.where(at_u, _spread(judged.residuals, spread), spread),
-            ]
+            ],
+            axis=-1,
         )
         return _Carry(
             scalars=scalars,
+            per_problem=per_problem,
             u=u,
             best_u=tree.tree_where(improved, x, c.best_u, bn),
             best_fu=tree.tree_where(judged.take_fx, fx, c.best_fu, bn),
@@ -216,13 +305,12 @@ def _body(s: _Setup):
 
 
 def _spread(r: stopping.Residuals, old: jax.Array) -> jax.Array:
-    """``s = max(1, ‖f(u)‖ + ‖f(u) − u‖)`` (whole-batch norms, from the judgement of ``f(u)``):
-    at least ``max(1, ‖u‖, ‖f(u)‖)``, far enough from ``u`` that ``f(u + s v) − f(u)`` loses no
-    more than ``eps ‖A v‖`` to rounding. A problem whose ``f(u)`` is not finite restarts from its
-    best iterate, whose norms are not at hand: there ``s`` is at least the previous one."""
-    sq = jnp.where(r.finite, r.fx_norm * r.fx_norm, 0.0), jnp.where(r.finite, r.abs_sq, 0.0)
-    s = jnp.maximum(jnp.sqrt(jnp.sum(sq[0])) + jnp.sqrt(jnp.sum(sq[1])), 1.0)
-    return jnp.where(jnp.all(r.finite), s, jnp.maximum(s, old))
+    """``s = max(1, ‖f(u)‖ + ‖f(u) − u‖)`` per problem (from the judgement of ``f(u)``): at least
+    ``max(1, ‖u‖, ‖f(u)‖)``, far enough from ``u`` that ``f(u + s v) − f(u)`` loses no more than
+    ``eps ‖A v‖`` to rounding. A problem whose ``f(u)`` is not finite restarts from its best
+    iterate, whose norms are not at hand: there ``s`` is the previous one."""
+    s = jnp.maximum(r.fx_norm + r.abs, 1.0)
+    return jnp.where(r.finite, s, old)
 
 
 def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
@@ -232,28 +320,29 @@ def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
     s = _Setup(problem, rule, n, n + 3)
     basis = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape + (n + 1,), rdtype), z0)
     init = _Carry(
-        scalars=jnp.asarray([0, 0, 0, 1], rdtype),  # k, step, beta, s
+        scalars=jnp.zeros((2,), rdtype),  # k, step
+        per_problem=jnp.broadcast_to(jnp.asarray([0, 1], rdtype), problem.batch_shape + (2,)),
         u=z0,
         best_u=z0,
         best_fu=z0,
         best_aux=problem.aux0,
         book=stopping.initial_book(problem.batch_shape, rule.max_steps, rdtype),
         basis=basis,
-        hess=jnp.eye(n, n + 1, dtype=rdtype),
+        hess=jnp.broadcast_to(jnp.eye(n, n + 1, dtype=rdtype), problem.batch_shape + (n, n + 1)),
         f_base=_up(z0, rdtype),
     )
     c = jax.lax.while_loop(lambda c: jnp.any(c.book.running), _body(s), init)
-    return solution_of(c, c.scalars[_K], problem, rule)
+    return solution_of(c, problem, rule)
 
 
-def solution_of(c: Any, k: jax.Array, problem: Problem, rule: stopping.StoppingRule) -> Solution:
+def solution_of(c: Any, problem: Problem, rule: stopping.StoppingRule) -> Solution:
     """The :class:`Solution` of a Krylov loop's final carry (fields ``best_u``, ``best_fu``,
-    ``best_aux``, ``book``) after ``k`` evaluations charged, checked at full precision
-    (:mod:`~deqjax._src.solvers.verify`): this loop's and the chunked driver's in
-    ``krylov.py``."""
+    ``best_aux``, ``book``: ``num_steps`` the evaluations charged to each problem while it ran),
+    checked at full precision (:mod:`~deqjax._src.solvers.verify`): this loop's and the chunked
+    driver's in ``krylov.py``."""
     sol = Solution(
         value=c.best_u,
-        num_steps=jnp.broadcast_to(k, problem.batch_shape).astype(jnp.int32),
+        num_steps=c.book.num_steps,
         abs_residual=c.book.abs_residual,
         rel_residual=c.book.rel_residual,
         trace=c.book.trace,

@@ -10,12 +10,12 @@ itself:
 * :func:`gmres` — restarted GMRES (Saad & Schultz 1986) on ``(I − L) u = b``, written as one
   ``lax.while_loop`` in :mod:`deqjax._src.solvers.gmres` (the default fallback of the implicit
   backward, so its program is kept small: :func:`jax.scipy.sparse.linalg.gmres` nests loops);
-* :func:`bicgstab` — BiCGStab (van der Vorst 1992) on the same system, with
-  :func:`jax.scipy.sparse.linalg.bicgstab`;
+* :func:`bicgstab` — BiCGStab (van der Vorst 1992) on the same system
+  (:func:`deqjax._src.solvers.krylov_chunks.bicgstab`);
 * :func:`normal_cg` — conjugate gradients on the normal equations
   ``(I − L)ᵀ(I − L) u = (I − L)ᵀ b`` (CGNR): converges for any nonsingular ``I − L``, at the
-  price of a squared condition number and one extra (transposed) product per iteration, with
-  :func:`jax.scipy.sparse.linalg.cg`.
+  price of a squared condition number and one extra (transposed) product per iteration
+  (:func:`deqjax._src.solvers.krylov_chunks.normal_cg`).
 
 Each takes the affine map ``f`` (``b = f(0)`` and ``L u = f(u) − b`` are read off it) and a start
 ``z0``, i.e. it has the signature of every deqjax solver, ``(f, z0) -> Solution``, so it plugs in
@@ -31,18 +31,22 @@ trace and a status (``CONVERGED`` / ``MAX_STEPS`` / ``NONFINITE``; a Krylov solv
 ``DIVERGED``). A start that already meets ``tol`` costs two
 evaluations of ``f`` and no Krylov work, which makes these solvers cheap fallbacks.
 
-``num_steps`` counts evaluations of ``f`` charged per chunk: a chunk that
-:mod:`jax.scipy.sparse.linalg` ends early (its own residual estimate below the target) is charged
-in full, so it is an upper bound (exact for GMRES, whose cycles always run ``restart`` steps).
+``num_steps`` counts evaluations of ``f`` charged per chunk: a chunk that ends early (every
+running problem's own residual estimate below its target) is charged in full, so it is an upper
+bound (exact for GMRES, whose cycles always run ``restart`` steps).
 BiCGStab and CG restart their recurrences at each chunk, so their chunks are long (50
 iterations by default). ``trace`` holds, at each evaluation index of a chunk, the
 residual measured after that chunk.
 
-With ``batch_ndim = n > 0`` (leading axes of every leaf index independent problems), the residual,
-the stopping test, the best iterate and the status are per problem, but the Krylov method runs on
-the whole block-diagonal system at once (one set of global inner products; ``num_steps`` is the
-same for every problem): it runs until every problem meets ``tol`` and a non-finite problem spoils
-the others' Krylov updates (each problem then keeps its own best iterate).
+With ``batch_ndim = n > 0`` (leading axes of every leaf index independent problems) every
+scalar of the method is per problem: GMRES's Gram–Schmidt projections, norms, step and least
+squares (:mod:`deqjax._src.solvers.gmres`), BiCGStab's and CG's inner products and step sizes
+(:mod:`deqjax._src.solvers.krylov_chunks`), the residual, the stopping test, the best iterate,
+``num_steps`` and the status. One product with ``I − L`` serves the whole batch (one VJP of the
+cell for the implicit backward), but each problem's iterates are those it would have alone (to
+rounding): an example's gradient does not depend on its batch-mates, or on which device they
+share (``tests/adjoints/test_batch_independence.py``). A problem that meets its tolerance stops
+moving while the others iterate, and a non-finite one spoils no other.
 """
 
 from __future__ import annotations
@@ -53,11 +57,10 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.sparse.linalg as jsla
 
 from deqjax._src import checks, tree
 from deqjax._src.solvers import gmres as gmres_lib
-from deqjax._src.solvers import stopping
+from deqjax._src.solvers import krylov_chunks, stopping
 from deqjax._src.solvers.options import Options
 from deqjax._src.solvers.problem import Problem, check_problem
 from deqjax._src.solvers.solution import Solution
@@ -75,7 +78,9 @@ class _Method(NamedTuple):
 class _Chunks(NamedTuple):
     """A Krylov method as the chunked driver runs it."""
 
-    chunk_solve: Callable[..., PyTree]  # (*operators, b, u, atol) -> u after one chunk
+    chunk_solve: Callable[
+        ..., PyTree
+    ]  # (*operators, b, u, target [*batch], bn) -> u after one chunk
     cost: int  # evaluations of f charged per chunk, its residual check included
     needs_transpose: bool  # the operators are (A, Aᵀ), else (A,)
 
@@ -111,11 +116,9 @@ def _chunk_step(problem: Problem, rule: stopping.StoppingRule, method: _Chunks, 
 
     def body_fun(c: _Carry) -> _Carry:
         running = c.book.running
-        target = jnp.asarray(rule.tol, rdtype) * c.scale  # the absolute residual each needs
-        # One global Krylov solve: the global residual norm below every running problem's target
-        # is sufficient for all of them.
-        inner_atol = jnp.min(jnp.where(running, target, inf))
-        u = method.chunk_solve(*operators, b, c.u, inner_atol)
+        # The absolute residual each problem needs (+inf: a stopped problem does not move).
+        target = jnp.where(running, jnp.asarray(rule.tol, rdtype) * c.scale, inf)
+        u = method.chunk_solve(*operators, b, c.u, target, bn)
         fu, aux = problem.fn(u)
         step = stopping.judge(
             u,
@@ -172,7 +175,7 @@ def _run_chunks(problem: Problem, rule: stopping.StoppingRule, method: _Chunks) 
         _chunk_step(problem, rule, method, operators, b),
         init,
     )
-    return gmres_lib.solution_of(c, c.k, problem, rule)
+    return gmres_lib.solution_of(c, problem, rule)
 
 
 def _chunked(chunk_solve: Callable[..., PyTree], cost: int, needs_transpose: bool) -> _Method:
@@ -254,7 +257,8 @@ class _Chunked(KrylovSolver):
 class BiCGStab(_Chunked):
     """BiCGStab (van der Vorst 1992) on ``(I − L)u = b`` for ``u = f(u) = b + L u``.
 
-    Built on :func:`jax.scipy.sparse.linalg.bicgstab`, ``chunk`` iterations (two products each)
+    Per problem (:func:`deqjax._src.solvers.krylov_chunks.bicgstab`), ``chunk`` iterations (two
+    products each)
     per chunk (``2 chunk + 2`` evaluations). Short recurrences (memory independent of the
     iteration count) but no minimisation guarantee: it can stagnate or break down where GMRES
     converges.
@@ -266,8 +270,8 @@ class BiCGStab(_Chunked):
     def method(self, size: int) -> _Method:
         iters = _chunk_iters(self.chunk, 2, 1, self.max_steps)
 
-        def chunk_solve(matvec, b, u, atol):
-            return jsla.bicgstab(matvec, b, u, tol=0.0, atol=atol, maxiter=iters)[0]
+        def chunk_solve(matvec, b, u, target, bn):
+            return krylov_chunks.bicgstab(matvec, b, u, target, iters, bn)
 
         return _chunked(chunk_solve, 2 * iters + 2, needs_transpose=False)
 
@@ -276,7 +280,8 @@ class BiCGStab(_Chunked):
 class NormalCG(_Chunked):
     """CG on the normal equations ``AᵀA u = Aᵀb``, ``A = I − L``, for ``u = f(u) = b + L u`` (CGNR).
 
-    Built on :func:`jax.scipy.sparse.linalg.cg`. ``AᵀA`` is symmetric positive definite for any
+    Per problem (:func:`deqjax._src.solvers.krylov_chunks.normal_cg`). ``AᵀA`` is symmetric
+    positive definite for any
     nonsingular ``A``, so CG converges without the eigenvalue conditions of the fixed-point
     solvers, but at the rate of ``cond(A)²``. Each iteration costs one product with ``A`` (a VJP
     of the cell, for the adjoint map) and one with ``Aᵀ`` (a JVP, by differentiating the former);
@@ -290,13 +295,10 @@ class NormalCG(_Chunked):
     def method(self, size: int) -> _Method:
         iters = _chunk_iters(self.chunk, 2, 3, self.max_steps)
 
-        def chunk_solve(matvec, rmatvec, b, u, atol):
-            def normal(v):
-                return rmatvec(matvec(v))
-
+        def chunk_solve(matvec, rmatvec, b, u, target, bn):
             # The normal residual A^T r is at most ||A|| ||r||; with ||A|| unknown, stop CG only
             # well below the target and let the true-residual check decide.
-            return jsla.cg(normal, rmatvec(b), u, tol=0.0, atol=1e-3 * atol, maxiter=iters)[0]
+            return krylov_chunks.normal_cg(matvec, rmatvec, b, u, 1e-3 * target, iters, bn)
 
         return _chunked(chunk_solve, 2 * iters + 4, needs_transpose=True)
 

@@ -7,11 +7,17 @@ main job on 2 CPU cores: 4.8 s, 0.9 s and 2.6 s, BENCHMARKS.md, "The main job's 
 compiles a program on one host thread, so :func:`compile_in_background` lowers and compiles the
 later ones on threads of their own from the start: their compilation overlaps the train step's,
 and the first call finds its program in JAX's cache (a lowered-and-compiled ``pmap``/``jit``
-program is the one its call runs).
+program is the one its call runs). JAX's settings that a ``with`` block makes local to the calling
+thread (``jax.default_matmul_precision``, ``jax.numpy_dtype_promotion``,
+``jax.numpy_rank_promotion``, ``jax.enable_x64``) are carried to the background thread; were
+another one to differ, its program would differ from the call's, which then compiles its own on
+first use, as it would have without the warm-up (the background's work wasted, never used).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,6 +39,17 @@ def abstract(tree: PyTree) -> PyTree:
     return jax.tree_util.tree_map(spec, tree)
 
 
+def _thread_settings() -> list[contextlib.AbstractContextManager]:
+    """Context managers that set, in another thread, the tracing settings in force in this one."""
+    config = jax.config
+    return [
+        jax.default_matmul_precision(config.jax_default_matmul_precision),
+        jax.numpy_dtype_promotion(config.jax_numpy_dtype_promotion),
+        jax.numpy_rank_promotion(config.jax_numpy_rank_promotion),
+        jax.enable_x64(bool(config.jax_enable_x64)),
+    ]
+
+
 class Background:
     """One program compiling on a thread of its own; :meth:`wait` before its first call.
 
@@ -41,15 +58,22 @@ class Background:
     """
 
     def __init__(self, fn: Any, args: Sequence[PyTree]):
+        context = contextvars.copy_context()  # the caller's context variables, e.g. deqjax's
+        settings = _thread_settings()
         self._thread = threading.Thread(
-            target=self._compile, args=(fn, [abstract(a) for a in args]), daemon=True
+            target=context.run,
+            args=(self._compile, fn, [abstract(a) for a in args], settings),
+            daemon=True,
         )
         self._thread.start()
 
     @staticmethod
-    def _compile(fn: Any, args: list[PyTree]) -> None:
+    def _compile(fn: Any, args: list[PyTree], settings: list) -> None:
         try:
-            fn.lower(*args).compile()
+            with contextlib.ExitStack() as stack:
+                for setting in settings:
+                    stack.enter_context(setting)
+                fn.lower(*args).compile()
         except Exception:  # noqa: BLE001 -- the first call compiles and reports instead
             pass
 
