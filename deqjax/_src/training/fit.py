@@ -241,9 +241,8 @@ def fit(
         stop = resources.enter_context(_sigterm_handler(handle_sigterm))
         state_r, interrupted = state_to_devices(state, local_devices), False
         # The evaluation and diagnostics programs compile while the train step does.
-        example = shard(_peek(train_data), local_devices)
         evaluator.warm_up(state_r)
-        diagnose.warm_up(state_r, example)
+        diagnose.warm_up(state_r, lambda: shard(_peek(train_data), local_devices))
         while step < num_steps and not interrupted:
             state_r, metrics, batch = step_fn(state_r)
             step += 1
@@ -694,10 +693,11 @@ class _Diagnostics:
         if diagnostics_fn is not None:
             self._step = make_diagnostics_step(diagnostics_fn, devices=devices)
 
-    def warm_up(self, state_r: TrainState, batch: PyTree) -> None:
-        """Compiles the diagnostics step in the background."""
+    def warm_up(self, state_r: TrainState, example: Callable[[], PyTree]) -> None:
+        """Compiles the diagnostics step in the background, for the batch ``example()`` (called
+        only when there are diagnostics)."""
         if self._step is not None:
-            (self._compiled,) = compile_in_background([(self._step, (state_r, batch))])
+            (self._compiled,) = compile_in_background([(self._step, (state_r, example()))])
 
     def __call__(self, state_r: TrainState, batch: PyTree, step: int) -> dict | None:
         """The diagnostics record of ``step``, or None when none is due."""
