@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from deqjax._src import precision
+
 
 def time_fn(fn: Callable[..., Any], *args: Any, repeats: int = 10) -> float:
     """Median wall time in seconds of ``fn(*args)`` after one warm-up call (compiles)."""
@@ -42,7 +44,6 @@ def tanh_layer(d: int, batch: int, radius: float, seed: int = 0, dtype=jnp.float
 # at JAX's default precision (TF32: 10 mantissa bits), unless the precision traced is full: the CPU
 # then reproduces a GPU's numbers (its residual floors, not its times).
 _EMULATE_TF32 = [False]
-_FULL = ("highest", "float32", "F32_F32_F32", "F64_F64_F64")
 
 
 def emulate_tf32(on: bool) -> None:
@@ -50,12 +51,18 @@ def emulate_tf32(on: bool) -> None:
     _EMULATE_TF32[0] = bool(on)
 
 
-def product_operand(a):
-    """``a`` as a product's operand: rounded to TF32 under :func:`emulate_tf32` unless the matmul
-    precision in force is full, else itself."""
-    if not _EMULATE_TF32[0] or jax.config.jax_default_matmul_precision in _FULL:
+def round_tf32(a):
+    """``a`` rounded as a TF32 product rounds its operands (10 mantissa bits), unless the matmul
+    precision in force while it is traced is full."""
+    if precision.is_full(precision.ambient()):
         return a
     return jax.lax.reduce_precision(a, exponent_bits=8, mantissa_bits=10)
+
+
+def product_operand(a):
+    """``a`` as a product's operand: :func:`round_tf32` under :func:`emulate_tf32`, else
+    itself."""
+    return round_tf32(a) if _EMULATE_TF32[0] else a
 
 
 def tanh_cell(p, x, z):

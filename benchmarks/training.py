@@ -144,9 +144,7 @@ def measure_throughput(
     )
     reg, _ = c.regularization.build(c.solver.tol)
     fns = models.classifier_fns(make, regularizer=reg, backward_solver=c.solver.backward())
-    fns = fns._replace(
-        **{k: c.compute.apply(models.MLPClassifier, f) for k, f in fns._asdict().items()}
-    )
+    fns = c.compute.apply_each(models.MLPClassifier, fns)
     gamma = jnp.asarray(c.regularization.gamma, jnp.float32)
 
     def loss_fn(params, batch, key, reg_state, step):

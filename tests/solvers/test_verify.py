@@ -31,7 +31,7 @@ SOLVERS = {
 
 
 def _solve(name, precision, *, batch_ndim=1, d=32, batch=8):
-    p, x = tf32.tanh_layer(d, batch)
+    p, x = tf32.tanh_layer(d, batch, radius=1.0)
     solver = SOLVERS[name](max_steps=100, tol=TOL, batch_ndim=batch_ndim)
     run = jax.jit(
         lambda p, x: dq.fixed_point(
@@ -62,7 +62,7 @@ def test_at_full_precision_the_same_solves_converge(name):
 
 
 def test_one_problem_and_vmap_are_checked_per_problem():
-    p, x = tf32.tanh_layer(32, 4)
+    p, x = tf32.tanh_layer(32, 4, radius=1.0)
     solver = dq.solvers.Anderson(max_steps=100, tol=TOL)
 
     def one(x_i):
@@ -108,7 +108,7 @@ def test_krylov_solves_are_checked(name):
 
 
 def test_backward_solves_and_their_statistics_are_checked():
-    p, x = tf32.tanh_layer(32, 8)
+    p, x = tf32.tanh_layer(32, 8, radius=1.0)
     solver = dq.solvers.Anderson(max_steps=100, tol=TOL, batch_ndim=1)
     z, _ = jax.jit(
         lambda p, x: dq.fixed_point(
@@ -158,7 +158,7 @@ def test_backward_solves_and_their_statistics_are_checked():
 def test_the_check_is_one_evaluation_and_only_at_reduced_precision():
     """One more evaluation of the cell (a tanh) in the forward program at the default
     precision, none at full precision; the loop's own statistics are untouched."""
-    p, x = tf32.tanh_layer(16, 4)
+    p, x = tf32.tanh_layer(16, 4, radius=1.0)
     solver = dq.solvers.FixedPointIteration(max_steps=50, tol=TOL, batch_ndim=1)
 
     def solve(p, x):

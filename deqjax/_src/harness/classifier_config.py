@@ -106,8 +106,7 @@ class MLPClassifierConfig:
             backward_solver=solver.backward(),
             diag_power_steps=self.diag_power_steps,
         )
-        classifier = dq.models.MLPClassifier
-        return fns._replace(**{k: compute.apply(classifier, f) for k, f in fns._asdict().items()})
+        return compute.apply_each(dq.models.MLPClassifier, fns)
 
 
 @dataclasses.dataclass(frozen=True)

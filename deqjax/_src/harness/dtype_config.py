@@ -78,14 +78,16 @@ class DtypeConfig:
 
         return with_policy
 
+    def apply_each(self, module: type[hk.Module], fns: Any) -> Any:
+        """A NamedTuple of Haiku functions (e.g. ``dq.models.ClassifierFns``), each under
+        :meth:`apply`."""
+        return fns._replace(**{k: self.apply(module, f) for k, f in fns._asdict().items()})
+
 
 FLOAT32 = DtypeConfig()  # the default: no policy
 
 
 def _above(eps: float) -> float:
     """The round tolerance (1, 2 or 5 times a power of ten) just above ``eps``."""
-    exponent = math.floor(math.log10(eps))
-    for mantissa in (1.0, 2.0, 5.0, 10.0):
-        if mantissa * 10.0**exponent >= eps:
-            return mantissa * 10.0**exponent
-    return 10.0 ** (exponent + 1)
+    power = 10.0 ** math.floor(math.log10(eps))
+    return next(m * power for m in (1.0, 2.0, 5.0, 10.0) if m * power >= eps)
