@@ -107,9 +107,9 @@ class Pmapped(DataParallel):
 
     def map(self, fn, in_kinds, out_kinds, *, donate_argnums=()):
         del in_kinds, out_kinds  # pmap maps every argument's leading (device) axis
-        return jax.pmap(
-            fn, axis_name=DEVICE_AXIS, devices=list(self.devices), donate_argnums=donate_argnums
-        )
+        # None: pmap's own default, every process's local devices (a multi-host run needs it).
+        devices = None if self.devices == tuple(jax.devices()) else list(self.devices)
+        return jax.pmap(fn, axis_name=DEVICE_AXIS, devices=devices, donate_argnums=donate_argnums)
 
     def put(self, tree, kinds):
         local = self.local_devices
@@ -141,10 +141,14 @@ class Sharded(DataParallel):
 
     @property
     def mesh(self) -> jax.sharding.Mesh:
-        """The devices as a one-axis mesh (``jax.make_mesh``'s order for the whole set)."""
-        if len(self.devices) == len(jax.devices()):
-            return jax.make_mesh((len(self.devices),), (DEVICE_AXIS,))
-        return jax.sharding.Mesh(np.asarray(self.devices), (DEVICE_AXIS,))
+        """The devices as a one-axis mesh (``jax.make_mesh``), its axis ``Auto``: arrays placed
+        on it keep JAX's automatic sharding outside the mapped steps."""
+        return jax.make_mesh(
+            (len(self.devices),),
+            (DEVICE_AXIS,),
+            axis_types=(jax.sharding.AxisType.Auto,),
+            devices=self.devices,
+        )
 
     def _spec(self, kind: Kind) -> P:
         return P() if kind == REPLICATED else P(DEVICE_AXIS)

@@ -48,7 +48,7 @@ from deqjax._src.training.train_step import (
     Metrics,
     RegUpdateFn,
     TrainStep,
-    pmap_update,
+    parallel_update,
 )
 from deqjax._src.training.train_step import train_step as build_train_step
 from deqjax._src.training.warm_up import compile_in_background
@@ -457,7 +457,9 @@ class _Stepper:
         devices: Sequence[jax.Device] | None,
         local_devices: Sequence[jax.Device],
     ):
-        self._update = pmap_update(pair, devices=devices)
+        from deqjax._src.training.data_parallel import data_parallel
+
+        self._update = parallel_update(pair, data_parallel("pmap", devices))
         self._data = data
         self._local_devices = local_devices
 

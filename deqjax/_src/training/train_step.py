@@ -1,11 +1,13 @@
 """The train step as an optax-style pair of pure functions: ``init`` builds the state, ``update``
 takes one data-parallel optimizer step.
 
-``update`` runs on one device's share of the batch; :func:`~deqjax.training.fit` maps it over the
-local devices with ``jax.pmap`` (axis ``"batch"``, the axis :func:`~deqjax.training.replicate` and
-:func:`~deqjax.training.shard` lay arrays on), so the same step runs on one device, on N local
-devices and on N hosts (after :func:`~deqjax.training.initialize_distributed`): the collectives span
-every device of every process.
+``update`` runs on one device's share of the batch, its collectives over the axis ``"batch"``;
+:func:`~deqjax.training.fit` runs it over the devices with a
+:class:`~deqjax._src.training.data_parallel.DataParallel` (by default ``jax.jit`` of
+``jax.shard_map``, each device solving its own shard; or ``jax.pmap``), so the same step runs on
+one device, on N local devices and on N hosts (after
+:func:`~deqjax.training.initialize_distributed`): the collectives span every device of every
+process.
 
 Metric reduction across devices follows the metric's name: a key ending in ``_max`` is reduced
 with ``pmax``, ``_min`` with ``pmin``, ``_sum`` with ``psum``; every other key with ``pmean`` (a
@@ -23,6 +25,13 @@ import jmp
 import optax
 
 from deqjax._src import adjoints
+from deqjax._src.training.data_parallel import (
+    REPLICATED,
+    SHARDED,
+    STATE_KINDS,
+    DataParallel,
+    data_parallel,
+)
 from deqjax._src.training.train_state import DEVICE_AXIS, TrainState, create_train_state
 
 PyTree = Any
@@ -60,10 +69,13 @@ class TrainStep(NamedTuple):
     ``init(params, rng, *, reg_state=(), carry=()) -> TrainState`` (step 0, unreplicated);
     ``update(state, batch) -> (state, metrics)``: one optimizer step on one device's share of the
     batch. Neither is mapped or jitted: :func:`~deqjax.training.fit` maps ``update`` over devices
-    with ``jax.pmap`` (its collectives use ``axis_name``, ``"batch"`` by default). In a loop of
-    one's own, ``jax.pmap(pair.update, axis_name="batch")`` on a state placed with
-    :func:`~deqjax.training.replicate` and batches placed with :func:`~deqjax.training.shard` does
-    the same; with ``axis_name=None``, ``update`` runs under plain ``jax.jit`` on one device.
+    (its collectives use ``axis_name``, ``"batch"`` by default). In a loop of one's own,
+    ``jax.jit(jax.shard_map(pair.update, mesh=mesh, in_specs=(P(), P("batch")),
+    out_specs=(P(), P())))`` over a mesh with the axis ``"batch"``, or
+    ``jax.pmap(pair.update, axis_name="batch")`` on a state placed with
+    :func:`~deqjax.training.replicate` and batches placed with :func:`~deqjax.training.shard`,
+    does the same; with ``axis_name=None``, ``update`` runs under plain ``jax.jit`` on one
+    device.
     """
 
     init: Callable[..., TrainState]
@@ -233,36 +245,40 @@ def _keep_if_skipped(
     return kept
 
 
-def pmap_update(
-    pair: TrainStep, *, donate: bool = True, devices: Sequence[jax.Device] | None = None
+def parallel_update(
+    pair: TrainStep, parallel: DataParallel, *, donate: bool = True
 ) -> Callable[[TrainState, PyTree], tuple[TrainState, Metrics]]:
-    """``jax.pmap`` of ``pair.update`` over the device axis: what :func:`fit` steps with.
+    """``pair.update`` over ``parallel``'s devices: what :func:`~deqjax.training.fit` steps with.
 
     Args:
       pair: the :class:`TrainStep` (built with the default ``axis_name``).
+      parallel: a :class:`~deqjax._src.training.data_parallel.DataParallel` (sharded: ``jax.jit``
+        of ``jax.shard_map``; or ``jax.pmap``).
       donate: donate the input state's buffers to the output (do not reuse the input state).
-      devices: devices to map over; default (None) pmap's: every process's local devices, with
-        collectives spanning all processes. Pass a list only in a single-process run (a list of
-        local devices would cut a multi-host run into independent replicas).
 
     Returns:
-      ``step_fn(state, batch)``: ``state`` replicated (:func:`~deqjax.training.replicate`),
-      ``batch`` a pytree of ``[num_devices, per_device_batch, ...]`` arrays
-      (:func:`~deqjax.training.shard`). The metrics stay on device: fetch them with
-      :func:`~deqjax.training.unreplicate` only when logging.
+      ``step_fn(state, batch)``: ``state`` placed with ``parallel.put(state, STATE_KINDS)``,
+      ``batch`` with ``parallel.put(batch, SHARDED)``. The metrics stay on device: read them with
+      ``parallel.get(metrics, REPLICATED)`` only when logging.
     """
-    donate_argnums = (0,) if donate else ()
-    return jax.pmap(pair.update, axis_name=AXIS, donate_argnums=donate_argnums, devices=devices)
+    return parallel.map(
+        pair.update,
+        (STATE_KINDS, SHARDED),
+        (STATE_KINDS, REPLICATED),
+        donate_argnums=(0,) if donate else (),
+    )
 
 
 def make_train_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
     *,
+    parallel: DataParallel | None = None,
     donate: bool = True,
-    devices: Sequence[jax.Device] | None = None,
     **options: Any,
 ) -> Callable[[TrainState, PyTree], tuple[TrainState, Metrics]]:
-    """:func:`pmap_update` of ``train_step(loss_fn, optimizer, **options)`` (internal: loops of
-    the library's own, such as the harness's short sweep runs, that step without :func:`fit`)."""
-    return pmap_update(train_step(loss_fn, optimizer, **options), donate=donate, devices=devices)
+    """:func:`parallel_update` of ``train_step(loss_fn, optimizer, **options)`` (internal: loops
+    of the library's own, such as the harness's short sweep runs, that step without
+    :func:`~deqjax.training.fit`); ``parallel`` default: sharded over every device."""
+    pair = train_step(loss_fn, optimizer, **options)
+    return parallel_update(pair, parallel or data_parallel(), donate=donate)

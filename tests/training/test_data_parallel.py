@@ -1,0 +1,85 @@
+"""Data parallelism two ways (``jax.jit`` + ``jax.shard_map``, and ``jax.pmap``): the same numbers
+as one device, each device's solver loops its own (no collective inside a loop), placement."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from deqjax._src.training.data_parallel import (
+    PER_DEVICE,
+    REPLICATED,
+    SHARDED,
+    Pmapped,
+    Sharded,
+    data_parallel,
+)
+from tests.helpers.train_worker import worker_env
+
+WORKER = "tests/helpers/parallel_worker.py"
+
+
+@pytest.fixture(scope="module")
+def four_devices(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dp") / "out.json"
+    proc = subprocess.run(
+        [sys.executable, WORKER, str(out), "--steps", "3"],
+        env=worker_env(4),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("mode", ["sharded", "pmap"])
+def test_four_devices_train_like_one_with_the_gmres_fallback(four_devices, mode):
+    one, many = four_devices["one"], four_devices[mode]
+    assert four_devices["num_devices"] == 4
+    assert one["fallback_rates"] == [1.0] * 3 and many["fallback_rates"] == [1.0] * 3
+    np.testing.assert_allclose(many["losses"], one["losses"], rtol=1e-6)
+    np.testing.assert_allclose(many["grad_norms"], one["grad_norms"], rtol=1e-5)
+    for name, value in one["params"].items():
+        np.testing.assert_allclose(many["params"][name], value, rtol=1e-5, atol=1e-6)
+    # nfe_max is reduced with pmax: the most over the global batch, however it is split.
+    assert many["nfe_max"] == one["nfe_max"]
+
+
+@pytest.mark.parametrize("mode", ["sharded", "pmap"])
+def test_no_collective_inside_a_solver_loop_and_one_gradient_average(four_devices, mode):
+    counts = four_devices[mode]["collectives"]
+    assert counts["loops"] >= 2  # the forward solve and the backward's
+    assert counts["in_loops"] == 0
+    assert counts["outside"] >= 1
+
+
+@pytest.mark.parametrize("mode", ["sharded", "pmap"])
+def test_each_device_iterates_as_long_as_its_own_shard_needs(four_devices, mode):
+    nfe = four_devices[mode]["nfe"]
+    assert nfe["per_device"] == nfe["alone"]
+    assert len(set(nfe["per_device"])) > 1  # the shards differ in difficulty, so do their loops
+
+
+def test_modes_and_devices_are_checked():
+    with pytest.raises(ValueError, match="parallel must be one of"):
+        data_parallel("dp")
+    with pytest.raises(ValueError, match="devices is empty"):
+        data_parallel("sharded", [])
+    assert isinstance(data_parallel(), Sharded)
+    assert isinstance(data_parallel("pmap"), Pmapped)
+
+
+@pytest.mark.parametrize("mode", ["sharded", "pmap"])
+def test_placed_values_come_back_as_they_went(mode):
+    parallel = data_parallel(mode, jax.devices()[:1])
+    tree = {"r": np.arange(3.0), "s": np.arange(8.0).reshape(4, 2), "p": np.ones((1, 5))}
+    kinds = {"r": REPLICATED, "s": SHARDED, "p": PER_DEVICE}
+    back = parallel.get(parallel.put(tree, kinds), kinds)
+    for name, value in tree.items():
+        np.testing.assert_array_equal(back[name], value)
+    with pytest.raises(ValueError, match="divisible"):
+        parallel.put(np.float32(1.0), SHARDED)
