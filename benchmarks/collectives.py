@@ -21,7 +21,9 @@ _COLLECTIVES = (
     "collective-permute",
     "collective-broadcast",
 )
-_OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*[^=]*?\s(" + "|".join(_COLLECTIVES) + r")(?:-start)?\(")
+_OP = re.compile(
+    r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*[^=]*?\s(" + "|".join(_COLLECTIVES) + r")(?:-start)?\("
+)
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
 _CALLEE = re.compile(
     r"(?:to_apply|calls|body|condition|true_computation|false_computation)=%?([\w.\-]+)"

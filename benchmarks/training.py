@@ -2,7 +2,7 @@
 
 Two parts:
 
-* **Throughput**: the jitted, pmapped train step of ``experiments/fashion_mnist.py`` at its default
+* **Throughput**: the data-parallel train step (`--parallel`) of ``experiments/fashion_mnist.py`` at its default
   model and batch (DEQ width 128, Anderson 20 steps / tol 1e-3 forward, implicit Anderson backward,
   JR ``γ = 1``, ``p = 0.5``), on Fashion-MNIST batches. Median step time over ``--repeats`` steps
   after a warm-up (compile), examples/s = global batch / step time. Every row runs in a fresh
@@ -24,6 +24,7 @@ Usage (from the repository root)::
     python -m benchmarks.training --skip_jr --repeats 20
     python -m benchmarks.training --skip_jr --devices 1 --deq_modes native,vmap,whole_batch
     python -m benchmarks.training --devices 1 --dtypes float32,bfloat16,float16  # --dtype rows
+    python -m benchmarks.training --skip_jr --devices 1,2,4 --parallel sharded,pmap,jit
     python -m benchmarks.training --worker OUT.json  # one throughput measurement (internal)
 """
 
@@ -59,6 +60,10 @@ def throughput_table(rows: list[dict]) -> list[str]:
             "dtype": r["dtype"],
             "platform": r["platform"],
             "devices": r["devices"],
+            "parallel": r["parallel"],
+            "collectives in loops / outside": (
+                f"{r['collectives_in_loops']} / {r['collectives_outside']}"
+            ),
             "step (ms, median)": r["step_ms_median"],
             "step (ms, min)": r["step_ms_min"],
             "examples/s": r["examples_per_s"],
@@ -105,6 +110,7 @@ def measure_throughput(
     dataset: str,
     deq_mode: str = "native",
     dtype: str = "float32",
+    parallel: str = "sharded",
 ) -> dict:
     """Times the main job's train step on every local device (run in a fresh process).
 
@@ -113,6 +119,10 @@ def measure_throughput(
     solves: vmap of batch-1 solves) or ``whole_batch`` (one stop for the batch). ``dtype`` is the
     main job's ``--dtype`` (its tolerances raised to 1e-2 where the dtype needs it); the row also
     reports XLA's temporary memory of the compiled step (a proxy for activation memory).
+    ``parallel``: ``sharded`` (the default: ``jax.jit`` of ``jax.shard_map``), ``pmap``, or
+    ``jit`` (a sharded ``jax.jit`` without ``shard_map``, for comparison only: the loops' stopping
+    rules then read the whole batch); the row counts the compiled step's collectives inside
+    while loops (run once per solver iteration) and outside.
     """
     import dataclasses
     import functools
@@ -121,6 +131,7 @@ def measure_throughput(
     import jax.numpy as jnp
 
     import deqjax as dq
+    from benchmarks.collectives import count_collectives
     from deqjax import data, models, training
     from experiments import fashion_mnist as fm
 
@@ -150,33 +161,37 @@ def measure_throughput(
     def loss_fn(params, batch, key, reg_state, step):
         return fns.loss(params, batch["image"], batch["label"], key, gamma, step)
 
-    devices = jax.local_devices()
+    devices = jax.devices()
     _, opt = c.optimization.optimizer(1000)
     scale = c.compute.loss_scale()
-    pair = training.train_step(loss_fn, opt, per_device_rng=False, loss_scale=scale)
-    step_fn = jax.pmap(pair.update, axis_name="batch", donate_argnums=0, devices=devices)
     params = fns.init(jax.random.PRNGKey(0), jnp.asarray(train_set["image"][:1]))
     it = data.ShuffledBatches(train_set, batch_size=batch_size, seed=0)
     one = training.train_step(loss_fn, opt, per_device_rng=False, axis_name=None, loss_scale=scale)
     _, memory = training.compile_with_memory(
         one.update, one.init(params, jax.random.PRNGKey(0)), jax.tree.map(jnp.asarray, next(it))
     )
-    state = training.replicate(pair.init(params, jax.random.PRNGKey(0)), devices)
+    step_fn, put_state, put_batch, read = _placed_step(parallel, devices, loss_fn, opt, scale)
+    state = put_state(params)
+    batch = put_batch(next(it))
     t0 = time.perf_counter()
-    state, metrics = step_fn(state, training.shard(next(it), devices))
+    collectives = count_collectives(step_fn.lower(state, batch).compile().as_text())
+    state, metrics = step_fn(state, batch)
     jax.block_until_ready(metrics)
     compile_s = time.perf_counter() - t0
     times, nfes = [], []
     for _ in range(repeats):
-        batch = training.shard(next(it), devices)
+        batch = put_batch(next(it))
         t0 = time.perf_counter()
         state, metrics = step_fn(state, batch)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - t0)
-        nfes.append(float(training.unreplicate(metrics)["nfe"]))
+        nfes.append(float(read(metrics)["nfe"]))
     step_s = statistics.median(times)
     return {
         "devices": len(devices),
+        "parallel": parallel,
+        "collectives_in_loops": collectives.in_loops,
+        "collectives_outside": collectives.outside,
         "deq_mode": deq_mode,
         "dtype": dtype,
         "temp_mib": None if memory is None else memory["temp_bytes"] / 2**20,
@@ -193,6 +208,44 @@ def measure_throughput(
     }
 
 
+def _placed_step(parallel: str, devices, loss_fn, opt, scale):
+    """``(step_fn, put_state(params), put_batch(host batch), read(metrics))`` of the main job's
+    step over ``devices`` (see :func:`measure_throughput`'s ``parallel``)."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from deqjax import training
+    from deqjax._src.training.data_parallel import (
+        REPLICATED,
+        SHARDED,
+        STATE_KINDS,
+        data_parallel,
+    )
+    from deqjax._src.training.train_step import parallel_update
+
+    rng = jax.random.PRNGKey(0)
+    par = data_parallel("sharded" if parallel == "jit" else parallel, devices)
+    if parallel == "jit":
+        pair = training.train_step(
+            loss_fn, opt, per_device_rng=False, axis_name=None, loss_scale=scale
+        )
+        mesh = par.mesh
+        return (
+            jax.jit(pair.update, donate_argnums=0),
+            lambda p: jax.device_put(pair.init(p, rng), NamedSharding(mesh, P())),
+            lambda b: jax.device_put(b, NamedSharding(mesh, P("batch"))),
+            lambda m: jax.tree.map(float, m),
+        )
+    pair = training.train_step(loss_fn, opt, per_device_rng=False, loss_scale=scale)
+    return (
+        parallel_update(pair, par),
+        lambda p: par.put(pair.init(p, rng), STATE_KINDS),
+        lambda b: par.put(b, SHARDED),
+        lambda m: par.get(m, REPLICATED),
+    )
+
+
 def worker_env(devices: int, environ: dict[str, str]) -> dict[str, str]:
     """The environment of a throughput worker: one device is the default backend's (the GPU
     where there is one, as the caller's ``JAX_PLATFORMS`` allows); several are fake CPU devices
@@ -205,7 +258,13 @@ def worker_env(devices: int, environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def run_worker(devices: int, args, deq_mode: str = "native", dtype: str = "float32") -> dict:
+def run_worker(
+    devices: int,
+    args,
+    deq_mode: str = "native",
+    dtype: str = "float32",
+    parallel: str = "sharded",
+) -> dict:
     """Runs :func:`measure_throughput` in a subprocess on ``devices`` devices
     (:func:`worker_env`)."""
     env = worker_env(devices, os.environ)
@@ -214,7 +273,7 @@ def run_worker(devices: int, args, deq_mode: str = "native", dtype: str = "float
         cmd = [sys.executable, "-m", "benchmarks.training", "--worker", out]
         cmd += ["--repeats", str(args.repeats), "--batch_size", str(args.batch_size)]
         cmd += ["--dataset", args.dataset] + ([] if args.jr else ["--no_jr"])
-        cmd += ["--deq_modes", deq_mode, "--dtypes", dtype]
+        cmd += ["--deq_modes", deq_mode, "--dtypes", dtype, "--parallel", parallel]
         subprocess.run(cmd, check=True, env=env, cwd=_ROOT, timeout=1800)
         with open(out) as f:
             return json.load(f)
@@ -273,6 +332,12 @@ def main(argv=None) -> None:
     p.add_argument("--dataset", default="fashion_mnist", choices=("fashion_mnist", "digits"))
     p.add_argument("--no_jr", dest="jr", action="store_false")
     p.add_argument("--devices", default="1,2", help="device counts for the throughput table")
+    p.add_argument(
+        "--parallel",
+        default="sharded",
+        help="comma-separated: sharded (jax.jit + shard_map; default), pmap, jit (a sharded "
+        "jax.jit without shard_map, for comparison): a throughput row each",
+    )
     p.add_argument("--epochs", type=int, default=1, help="epochs of the JR on/off runs")
     p.add_argument("--skip_jr", action="store_true", help="skip the JR on/off runs")
     p.add_argument("--skip_throughput", action="store_true")
@@ -294,7 +359,13 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.worker:
         result = measure_throughput(
-            args.repeats, args.batch_size, args.jr, args.dataset, args.deq_modes, args.dtypes
+            args.repeats,
+            args.batch_size,
+            args.jr,
+            args.dataset,
+            args.deq_modes,
+            args.dtypes,
+            args.parallel,
         )
         with open(args.worker, "w") as f:
             json.dump(result, f)
@@ -302,9 +373,10 @@ def main(argv=None) -> None:
     lines = []
     if not args.skip_throughput:
         rows = [
-            run_worker(int(n), args, mode, dtype)
+            run_worker(int(n), args, mode, dtype, parallel)
             for mode in args.deq_modes.split(",")
             for dtype in args.dtypes.split(",")
+            for parallel in args.parallel.split(",")
             for n in args.devices.split(",")
         ]
         lines += [

@@ -62,6 +62,7 @@ class Config:
     deq: harness.SequenceModelConfig = harness.SequenceModelConfig()
     compute: harness.DtypeConfig = harness.DtypeConfig()
     run: harness.ResumableRunConfig = harness.ResumableRunConfig()
+    multihost: harness.MultiHostConfig = harness.MultiHostConfig()
 
 
 def check(c: Config) -> str | None:

@@ -121,7 +121,9 @@ def per_device_nfe(parallel, params):
         return jnp.max(solve(params, x)[1].num_steps)
 
     mapped = parallel.map(nfe, (REPLICATED, SHARDED), PER_DEVICE)
-    got = parallel.get(mapped(parallel.put(params, REPLICATED), parallel.put(x, SHARDED)), PER_DEVICE)
+    got = parallel.get(
+        mapped(parallel.put(params, REPLICATED), parallel.put(x, SHARDED)), PER_DEVICE
+    )
     alone = [int(nfe(params, part)) for part in np.split(x, n)]
     return {"per_device": np.asarray(got).tolist(), "alone": alone}
 

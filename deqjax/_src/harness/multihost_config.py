@@ -1,4 +1,9 @@
-"""The multi-host section: ``--coordinator_address``, ``--num_processes``, ``--process_id``.
+"""The devices-and-hosts section: ``--parallel``, ``--coordinator_address``, ``--num_processes``,
+``--process_id``.
+
+``--parallel sharded`` (the default) trains data-parallel with ``jax.jit`` over a mesh of every
+device, each device solving its own shard inside ``jax.shard_map``; ``--parallel pmap`` with
+``jax.pmap`` (the same numbers). See :mod:`deqjax._src.training.data_parallel`.
 
 An experiment whose configuration holds a :class:`MultiHostConfig` joins a multi-host run before
 anything else (the runner calls :meth:`MultiHostConfig.initialize`). Unset flags fall back to the
@@ -9,13 +14,18 @@ environment variables ``DEQJAX_COORDINATOR_ADDRESS``, ``DEQJAX_NUM_PROCESSES`` a
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from deqjax._src.training.distributed import DistributedConfig, initialize_distributed
 
 
 @dataclasses.dataclass(frozen=True)
 class MultiHostConfig:
-    """Multi-host (jax.distributed): where process 0 listens, how many processes, which one."""
+    """Devices and hosts: how steps run over the devices, and (jax.distributed) where process 0
+    listens, how many processes, which one."""
+
+    parallel: Literal["sharded", "pmap"] = "sharded"
+    """data parallel over every device: sharded (jax.jit + shard_map) or pmap"""
 
     coordinator_address: str | None = None
     """host:port of process 0 (env DEQJAX_COORDINATOR_ADDRESS); unset: single process"""

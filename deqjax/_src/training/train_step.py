@@ -16,7 +16,7 @@ mean of per-device means, i.e. the global-batch mean when devices hold equal bat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
