@@ -1,6 +1,8 @@
 """A DEQ train step run data-parallel three ways, in a process of its own (fake CPU devices).
 
     python tests/helpers/parallel_worker.py OUT.json [--steps 3]
+    python tests/helpers/parallel_worker.py OUT.json --save DIR --steps 2     # sharded, saved
+    python tests/helpers/parallel_worker.py OUT.json --resume DIR --steps 3   # on these devices
 
 With N devices (``XLA_FLAGS=--xla_force_host_platform_device_count=N``) it takes ``--steps``
 optimizer steps of a small DEQ classifier, whose implicit backward always falls back to GMRES (a
@@ -9,7 +11,9 @@ first backward solve of 2 steps), on 1 device and on all N, sharded (``jax.jit``
 writes the losses, gradient norms, fallback rates and final parameters of each; the collectives of
 the sharded and pmapped steps' compiled programs (inside solver loops and outside); and each
 device's forward NFE on a batch whose shards differ in difficulty, with each shard's NFE solved
-alone.
+alone. With ``--save``/``--resume`` it trains sharded, checkpoints the placed state with
+:class:`~deqjax.training.Checkpointer` (orbax writes the global arrays), or restores it onto this
+process's devices (another number of them, say) and trains on to ``--steps``.
 """
 
 from __future__ import annotations
@@ -88,17 +92,26 @@ def problem(seed: int = 0):
     return params, batches
 
 
-def train(parallel, params, batches, steps):
-    pair = dq.training.train_step(loss_fn, optax.sgd(0.05), backward_stats=True)
+PAIR = dq.training.train_step(loss_fn, optax.sgd(0.05), backward_stats=True)
+
+
+def train(parallel, params, batches, steps, *, save=None, resume=None):
     step = parallel.map(
-        pair.update, (STATE_KINDS, SHARDED), (STATE_KINDS, REPLICATED), donate_argnums=(0,)
+        PAIR.update, (STATE_KINDS, SHARDED), (STATE_KINDS, REPLICATED), donate_argnums=(0,)
     )
-    state = parallel.put(pair.init(params, jax.random.PRNGKey(0)), STATE_KINDS)
+    state = parallel.put(PAIR.init(params, jax.random.PRNGKey(0)), STATE_KINDS)
+    if resume is not None:
+        with dq.training.Checkpointer(resume) as ckpt:
+            restored = ckpt.restore(template=parallel.saveable(state, STATE_KINDS))
+        state = parallel.put(restored.state, STATE_KINDS)
     hlo = step.lower(state, parallel.put(batches[0], SHARDED)).compile().as_text()
     records = []
-    for batch in batches[:steps]:
+    for batch in batches[int(parallel.get(state.step, REPLICATED)) : steps]:
         state, metrics = step(state, parallel.put(batch, SHARDED))
         records.append({k: float(v) for k, v in parallel.get(metrics, REPLICATED).items()})
+    if save is not None:
+        with dq.training.Checkpointer(save) as ckpt:
+            ckpt.save(steps, parallel.saveable(state, STATE_KINDS))
     final = parallel.get(state, STATE_KINDS).params
     return {
         "losses": [r["loss"] for r in records],
@@ -132,10 +145,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--save", default=None, help="train sharded, checkpoint to this folder")
+    parser.add_argument("--resume", default=None, help="restore from this folder, train on")
     args = parser.parse_args()
     params, batches = problem()
     devices = jax.devices()
     out = {"num_devices": len(devices)}
+    if args.save or args.resume:
+        run = train(
+            data_parallel(), params, batches, args.steps, save=args.save, resume=args.resume
+        )
+        with open(args.out, "w") as fh:
+            json.dump(out | run, fh)
+        return
     out["one"] = train(data_parallel("sharded", devices[:1]), params, batches, args.steps)
     for mode in ("sharded", "pmap"):
         out[mode] = train(data_parallel(mode), params, batches, args.steps)

@@ -1,7 +1,9 @@
 """Checkpoints with orbax: atomic, keep the last K, resume from the newest GOOD one, never guess.
 
 A checkpoint of step ``s`` is a folder ``<directory>/<s>/`` with two items: ``state`` (a pytree of
-numpy arrays, e.g. an unreplicated :class:`~deqjax.training.TrainState`) and ``meta`` (JSON: the
+arrays: numpy, e.g. an unreplicated :class:`~deqjax.training.TrainState`, or global arrays laid
+out on a mesh, which orbax writes shard by shard from the processes that hold them and restores
+onto the template's layout, e.g. onto another number of devices) and ``meta`` (JSON: the
 data-iterator position, the run's config, the state's layout -- tree structure, dtypes, shapes --
 and a SHA-256 digest of its bytes), plus ``deqjax_manifest.json`` (size and SHA-256 of every file
 of the folder). orbax writes each checkpoint into a temporary folder and renames it when complete,
@@ -59,26 +61,39 @@ class Restored(NamedTuple):
     """A checkpoint read back by :meth:`Checkpointer.restore`."""
 
     step: int  # the checkpoint's step number
-    state: PyTree  # numpy pytree with the template's structure
+    state: PyTree  # the template's structure: its global arrays' layouts, numpy elsewhere
     meta: dict  # the JSON metadata given to save (without the internal entries)
 
 
+def _readable(leaf: Any) -> np.ndarray | None:
+    """``leaf`` on the host, or None for a global array this process holds only part of."""
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        if not leaf.is_fully_replicated:
+            return None
+        return np.asarray(leaf.addressable_shards[0].data)
+    return np.asarray(leaf)
+
+
 def tree_digest(tree: PyTree) -> str:
-    """SHA-256 over every leaf's dtype, shape and bytes, in tree order (and the tree structure)."""
+    """SHA-256 over every leaf's dtype, shape and bytes, in tree order (and the tree structure).
+
+    A global array split over several processes adds its dtype and shape only (its bytes are
+    covered by the checkpoint's file checksums)."""
     h = hashlib.sha256(str(jax.tree_util.tree_structure(tree)).encode())
     for leaf in jax.tree_util.tree_leaves(tree):
-        a = np.ascontiguousarray(np.asarray(leaf))
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.tobytes())
+        a = _readable(leaf)
+        h.update(f"{np.dtype(leaf.dtype).str}{tuple(np.shape(leaf))}".encode())
+        if a is not None:
+            h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
 
 
 def tree_layout(tree: PyTree) -> dict:
     """The tree structure and each leaf's ``dtype[shape]``: what a checkpoint must match."""
-    leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+    leaves = [x if hasattr(x, "dtype") else np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
     return {
         "structure": str(jax.tree_util.tree_structure(tree)),
-        "leaves": [f"{a.dtype.str}{list(a.shape)}" for a in leaves],
+        "leaves": [f"{np.dtype(a.dtype).str}{list(np.shape(a))}" for a in leaves],
     }
 
 
@@ -100,15 +115,23 @@ def _file_sha256(path: str) -> str:
 
 
 def _host(tree: PyTree) -> PyTree:
-    return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
+    """``tree`` as orbax takes and gives it: global arrays stay, anything else becomes numpy."""
+
+    def one(x):
+        return x if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 else np.asarray(x)
+
+    return jax.tree_util.tree_map(one, tree)
 
 
 def all_finite(tree: PyTree) -> bool:
-    """True if every floating-point leaf of ``tree`` (on the host) is finite."""
+    """True if every floating-point leaf of ``tree`` is finite (of a global array, the shards
+    this process holds)."""
     for leaf in jax.tree_util.tree_leaves(tree):
-        a = np.asarray(leaf)
-        if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
-            return False
+        parts = leaf.addressable_shards if isinstance(leaf, jax.Array) else [leaf]
+        for part in parts:
+            a = np.asarray(getattr(part, "data", part))
+            if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
+                return False
     return True
 
 
@@ -162,7 +185,10 @@ class Checkpointer:
 
         Args:
           step: the step number (usually ``state.step``).
-          state: a pytree of arrays (fetched to the host here); NOT a replicated state.
+          state: a pytree of arrays: global ``jax.Array`` values on a mesh of several devices are
+            written as laid out (each process its shards), anything else is fetched to the
+            host. Not a ``jax.pmap`` state (its leading per-device axis would tie the checkpoint
+            to the device count): save its first replica.
           meta: JSON-serializable metadata, e.g. ``{"data": iterator.state._asdict()}``.
 
         Raises:
@@ -266,7 +292,6 @@ class Checkpointer:
         if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(template):
             raise _Incompatible("its tree structure differs from the template's")
         for got, want in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(template)):
-            want = np.asarray(want)
             if got.shape != want.shape or got.dtype != want.dtype:
                 raise _Incompatible(
                     f"leaf {got.dtype}{got.shape} does not match template {want.dtype}{want.shape}"
@@ -281,7 +306,9 @@ class Checkpointer:
 
         Args:
           template: a pytree with the structure, shapes and dtypes of the saved state (e.g. a
-            freshly initialized, unreplicated state).
+            freshly initialized, unreplicated state). Its global ``jax.Array`` leaves (on a mesh
+            of several devices) are restored onto their layouts, whatever the layout saved; every
+            other leaf comes back as numpy.
           step: restore this step only (no fallback); default the newest good one.
 
         Raises:

@@ -94,6 +94,12 @@ class DataParallel:
         local device."""
         raise NotImplementedError
 
+    def saveable(self, tree: PyTree, kinds: PyTree) -> PyTree:
+        """Placed values as a checkpoint holds them, independent of the number of devices where
+        the layout allows (:class:`~deqjax.training.Checkpointer` writes global arrays as laid
+        out); :meth:`put` places a restored one again."""
+        raise NotImplementedError
+
     def get(self, tree: PyTree, kinds: PyTree) -> PyTree:
         """This process's view of placed values on the host (numpy): the value of a
         :data:`REPLICATED` leaf, this process's rows of a :data:`SHARDED` one, its local
@@ -122,6 +128,9 @@ class Pmapped(DataParallel):
             return jax.device_put(sub, device_sharding(local))
 
         return _by_kind(put, kinds, tree)
+
+    def saveable(self, tree, kinds):
+        return self.get(tree, kinds)  # the first replica: no per-device axis
 
     def get(self, tree, kinds):
         def get(kind, sub):
@@ -177,6 +186,8 @@ class Sharded(DataParallel):
             sharding = NamedSharding(mesh, self._spec(kind))
 
             def one(x):
+                if isinstance(x, jax.Array) and x.sharding == sharding:
+                    return x  # already laid out (e.g. restored from a checkpoint)
                 x = np.asarray(x)
                 if kind == REPLICATED:
                     return jax.make_array_from_process_local_data(sharding, x, x.shape)
@@ -186,6 +197,10 @@ class Sharded(DataParallel):
             return jax.tree_util.tree_map(one, sub)
 
         return _by_kind(put, kinds, tree)
+
+    def saveable(self, tree, kinds):
+        del kinds  # global arrays: replicated values fit any mesh, sharded ones are written
+        return tree  # by the processes that hold them
 
     def get(self, tree, kinds):
         def get(kind, sub):
