@@ -1,4 +1,4 @@
-"""The training state carried through the pmapped step, and its placement on local devices."""
+"""The training state carried through the data-parallel step, and its placement for ``jax.pmap``."""
 
 from __future__ import annotations
 
