@@ -1,12 +1,12 @@
 """The experiment harness: configuration as data, command lines, run folders, plots and sweeps.
 
-An experiment declares its configuration as a frozen dataclass: its own settings, and sections
-shared between experiments (the run's :class:`RunConfig` / :class:`ResumableRunConfig`,
-:class:`SolverConfig`, :class:`JRConfig`, :class:`OptimizationConfig`, :class:`LoggingConfig`,
-:class:`MultiHostConfig`, the compute dtype's :class:`DtypeConfig`; the models'
-:class:`MLPClassifierConfig`, :class:`InitSweepConfig`,
-:class:`SequenceModelConfig`, :class:`MDEQConfig` and the corpus's :class:`CorpusConfig`, each
-building what it describes). It gets its command line from tyro: one flag per setting, named as the
+What every experiment shares. An experiment declares its configuration as a frozen dataclass: its
+own settings, and sections shared between experiments (the run's :class:`RunConfig` /
+:class:`ResumableRunConfig`, :class:`SolverConfig`, :class:`JRConfig`,
+:class:`OptimizationConfig`, :class:`LoggingConfig`, :class:`MultiHostConfig`, the compute
+dtype's :class:`DtypeConfig`, the sequence models' :class:`SequenceModelConfig`, each building
+what it describes); a section one experiment alone uses lives next to it, in
+``experiments/parts/``. It gets its command line from tyro: one flag per setting, named as the
 field (``--train_size``), with no section prefix; checked types (:data:`PositiveInt`,
 :data:`FloatList`, ...) reject a bad value naming its flag. :func:`run` does the rest for every
 experiment alike: ``--smoke`` and mode defaults, the run folder (:func:`prepare_run_dir`:
@@ -23,19 +23,13 @@ or data, 3 non-finite stop or checkpoint failure, 143 SIGTERM).
 ...                                 run=train, smoke={"width": 8})
 >>> harness.run(EXPERIMENT)  # python mine.py --width 64 --max_steps 12 --resume
 
-Plots (:func:`plot_metrics`, :func:`line_plot`, :func:`plot_panels`, :func:`plot_sweep`, and the
-JR paper's Fig. 5 :func:`plot_jr_fig5`) import matplotlib when drawn; :func:`short_runs` trains a
-sweep of short runs through one compiled step, :func:`summarize_runs`, :func:`write_csv` and
+Plots (:func:`plot_metrics`, :func:`line_plot`, :func:`plot_panels`, :func:`plot_sweep`) import
+matplotlib when drawn; :func:`short_runs` trains a sweep of short runs (:func:`grid`) through one
+compiled step, :func:`summarize_runs`, :func:`median_rows`, :func:`write_csv` and
 :func:`markdown_table` report it.
 """
 
-from deqjax._src.harness.classifier_config import (
-    InitSweepConfig,
-    MLPClassifierConfig,
-    batch_fns,
-)
 from deqjax._src.harness.cli import parse_config
-from deqjax._src.harness.corpus_config import CorpusConfig
 from deqjax._src.harness.dtype_config import DtypeConfig
 from deqjax._src.harness.experiment import Experiment
 from deqjax._src.harness.figures import (
@@ -59,7 +53,6 @@ from deqjax._src.harness.flag_types import (
 from deqjax._src.harness.flat_config import flat_dict
 from deqjax._src.harness.jr_config import JRConfig
 from deqjax._src.harness.logging_config import LoggingConfig
-from deqjax._src.harness.mdeq_config import MDEQConfig, evaluate_classifier
 from deqjax._src.harness.metric_curves import plot_metrics
 from deqjax._src.harness.multihost_config import MultiHostConfig
 from deqjax._src.harness.optimization_config import OptimizationConfig
@@ -73,14 +66,11 @@ from deqjax._src.harness.run_dir import (
     write_json,
 )
 from deqjax._src.harness.runner import UsageError, run
-from deqjax._src.harness.scalar_deq_figure import plot_jr_fig5
 from deqjax._src.harness.sequence_config import SequenceModelConfig
 from deqjax._src.harness.solver_config import GRADIENTS, SolverConfig, solver_and_adjoint
-from deqjax._src.harness.stacked_runs import StackedRuns
 from deqjax._src.harness.sweep import (
     grid,
     median_rows,
-    report_sweep,
     short_runs,
     summarize_runs,
 )
@@ -88,17 +78,13 @@ from deqjax._src.harness.tables import markdown_table, write_csv
 from deqjax._src.training.metrics import format_metrics, format_value, to_python
 
 __all__ = [
-    "CorpusConfig",
     "DtypeConfig",
     "Experiment",
     "FloatList",
     "GRADIENTS",
-    "InitSweepConfig",
     "IntList",
     "JRConfig",
     "LoggingConfig",
-    "MDEQConfig",
-    "MLPClassifierConfig",
     "MultiHostConfig",
     "NonNegativeFloat",
     "NonNegativeInt",
@@ -112,14 +98,11 @@ __all__ = [
     "RunDirError",
     "SequenceModelConfig",
     "SolverConfig",
-    "StackedRuns",
     "Switch",
     "UsageError",
     "at_least",
-    "batch_fns",
     "choice_list",
     "config_changes",
-    "evaluate_classifier",
     "flat_dict",
     "format_metrics",
     "format_value",
@@ -128,13 +111,11 @@ __all__ = [
     "markdown_table",
     "median_rows",
     "parse_config",
-    "plot_jr_fig5",
     "plot_metrics",
     "plot_panels",
     "plot_sweep",
     "prepare_run_dir",
     "pyplot",
-    "report_sweep",
     "run",
     "run_until_interrupted",
     "save_figure",

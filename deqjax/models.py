@@ -5,7 +5,7 @@
   (:func:`recurrent_init`, families :data:`INIT_FAMILIES`); :func:`classifier_fns` gives its
   loss, evaluation and diagnostics.
 * :class:`ScalarDEQ`: the JR paper's §5.1 200-parameter scalar DEQ, its synthetic 1-D data
-  (:func:`jr_synthetic_data`); its Fig. 5 is drawn by ``dq.harness.plot_jr_fig5``.
+  (:func:`jr_synthetic_data`); ``experiments/synthetic_1d.py`` draws its Fig. 5.
 * :class:`MDEQClassifier`: the multiscale DEQ image classifier (Bai et al. 2020; JR paper App. A.3):
   stem, ``dq.nn.MultiscaleCell`` in ``dq.nn.DEQ``, readout of ``f(z*)``, pooled linear head;
   :func:`budget_solver` for the JR paper's inference budgets (Table 3).

@@ -1,7 +1,7 @@
 """MDEQ classifier with Jacobian regularisation: a small-scale JR paper Table 3 (γ × inference NFE).
 
 Model: ``dq.models.MDEQClassifier`` (JR App. A.3 / Table 4, scaled down for a CPU; its options
-below: ``dq.harness.MDEQConfig``). Adam, cosine decay, ``--clip``; the JR penalty ``γ ||J_f(z*)||²_F
+below: ``parts/mdeq_config.py``). Adam, cosine decay, ``--clip``; the JR penalty ``γ ||J_f(z*)||²_F
 / d`` (Eq. 4, one Hutchinson sample, Bernoulli gate ``--jr_p``). Training runs through
 ``dq.training.fit`` (``metrics_gamma<γ>.jsonl``, checkpoints, ``--resume``).
 
@@ -30,6 +30,11 @@ import optax
 
 from deqjax import data, harness
 from deqjax.harness import NonNegativeInt, PositiveFloat, PositiveInt
+
+if __package__:  # python -m experiments.<name>, or imported as experiments.<name>
+    from experiments.parts import mdeq_config
+else:  # python experiments/<name>.py: this folder is the first entry of sys.path
+    from parts import mdeq_config
 
 KEYS = ("ce", "acc", "jac", "nfe", "residual")  # the training metrics reported
 SMOKE = {
@@ -60,7 +65,7 @@ class Config:
     clip: PositiveFloat = 1.0  # global gradient-norm clip
     augment: bool = False  # random crop + flip (JR App. A.3)
     log_every: NonNegativeInt = 100  # steps between printed records (0: none)
-    model: harness.MDEQConfig = harness.MDEQConfig()
+    model: mdeq_config.MDEQConfig = mdeq_config.MDEQConfig()
     run: harness.ResumableRunConfig = harness.ResumableRunConfig()
 
 
@@ -116,7 +121,7 @@ def train_one(gamma: float, c: Config, inputs, ctx) -> dict:
     by_budget, params = {}, trained.result.state.params
     for b in c.budgets:  # the model as inference at budget b sees it
         at_b = c.model.transform(gamma, b)
-        by_budget[b] = harness.evaluate_classifier(
+        by_budget[b] = mdeq_config.evaluate_classifier(
             at_b, params, test, (mean, std), c.eval_batch_size
         )
     tail, step_s = trained.tail, trained.step_seconds

@@ -40,6 +40,11 @@ import jax.numpy as jnp
 
 from deqjax import data, harness, training
 
+if __package__:  # python -m experiments.<name>, or imported as experiments.<name>
+    from experiments.parts import init_sweep, mlp_classifier_config
+else:  # python experiments/<name>.py: this folder is the first entry of sys.path
+    from parts import init_sweep, mlp_classifier_config
+
 SMOKE = {
     "width": 32,
     "max_steps": 8,
@@ -70,7 +75,7 @@ class Config:
     data_dir: str | None = None  # idx folder (default /usr/share/datasets/fashion-mnist)
     train_size: harness.NonNegativeInt = 0  # training subset (0: all)
     test_size: harness.NonNegativeInt = 0  # test subset (0: all)
-    model: harness.MLPClassifierConfig = harness.MLPClassifierConfig()
+    model: mlp_classifier_config.MLPClassifierConfig = mlp_classifier_config.MLPClassifierConfig()
     solver: harness.SolverConfig = harness.SolverConfig()
     compute: harness.DtypeConfig = harness.DtypeConfig()
     regularization: harness.JRConfig = harness.JRConfig()
@@ -78,7 +83,7 @@ class Config:
         epochs=4, lr=2e-3, warmup_steps=100
     )
     logging: harness.LoggingConfig = harness.LoggingConfig()
-    init_sweep: harness.InitSweepConfig = harness.InitSweepConfig()
+    init_sweep: init_sweep.InitSweepConfig = init_sweep.InitSweepConfig()
     run: harness.ResumableRunConfig = harness.ResumableRunConfig()
     multihost: harness.MultiHostConfig = harness.MultiHostConfig()
 
@@ -106,7 +111,7 @@ def run(c: Config, inputs, ctx):
     (train, test, source), num_steps = inputs, ctx.config["num_steps"]
     fns = c.model.fns(c.solver, c.regularization, compute=c.compute)
     _, ctrl = c.regularization.build(c.solver.tol)
-    on_batches = harness.batch_fns(fns, c.regularization.gamma, ctrl)
+    on_batches = mlp_classifier_config.batch_fns(fns, c.regularization.gamma, ctrl)
     schedule, opt = c.optimization.optimizer(num_steps)
     sizes = f"train {train['label'].shape[0]}, test {test['label'].shape[0]}"
     batch_size = c.optimization.batch_size
@@ -157,7 +162,7 @@ def sweep(c: Config, inputs, ctx):
     """Test error vs init scale per family and seed; one compiled step reused by every run."""
     (train, test, source), num_steps = inputs, ctx.config["num_steps"]
     fns = c.model.fns(c.solver, c.regularization, compute=c.compute)
-    on_batches = harness.batch_fns(fns, c.regularization.gamma)
+    on_batches = mlp_classifier_config.batch_fns(fns, c.regularization.gamma)
     first = jnp.asarray(train["image"][:1])
 
     def init(family, scale, seed):
@@ -181,7 +186,7 @@ def sweep(c: Config, inputs, ctx):
         print_fn=ctx.print,
     )
     title = f"{source}: {num_steps} steps, {len(c.init_sweep.sweep_seeds)} seed(s)"
-    summary = harness.report_sweep(rows, ctx.out_dir, title=title)
+    summary = init_sweep.report_sweep(rows, ctx.out_dir, title=title)
     out = {"data_source": source, "num_steps": num_steps, "runs": rows, "summary": summary}
     return out | {"png": ctx.path("sweep.png")}
 

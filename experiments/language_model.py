@@ -40,6 +40,11 @@ import deqjax as dq
 from deqjax import data, harness, training
 from deqjax.harness import NonNegativeInt, PositiveFloat, PositiveInt
 
+if __package__:  # python -m experiments.<name>, or imported as experiments.<name>
+    from experiments.parts import corpus_config
+else:  # python experiments/<name>.py: this folder is the first entry of sys.path
+    from parts import corpus_config
+
 Kinds = harness.choice_list(("deq", "tied", "untied"))  # the models --models may name
 SMOKE = {"seq_len": 16, "batch_size": 4, "steps": 3, "eval_segments": 2}
 
@@ -58,7 +63,7 @@ class Config:
     eval_segments: PositiveInt = 20  # validation segments evaluated
     learning_rate: PositiveFloat = 5e-3  # peak learning rate
     clip: PositiveFloat = 0.25  # global gradient-norm clip
-    data: harness.CorpusConfig = harness.CorpusConfig()
+    data: corpus_config.CorpusConfig = corpus_config.CorpusConfig()
     deq: harness.SequenceModelConfig = harness.SequenceModelConfig()
     compute: harness.DtypeConfig = harness.DtypeConfig()
     run: harness.ResumableRunConfig = harness.ResumableRunConfig()

@@ -16,7 +16,7 @@ adaptive controller's signal is that fixed-point NFE on each training batch (bud
 gradient, at the parameters before the step).
 
 All runs share the initial parameters, data order and Bernoulli gates (one stacked tree,
-``dq.harness.StackedRuns``). Outputs: ``results.csv`` (every seed), ``results.md`` (medians),
+``parts/stacked_runs.py``). Outputs: ``results.csv`` (every seed), ``results.md`` (medians),
 ``metrics_seed<s>.jsonl``; of the first seed ``history.npz``, ``fig5.png``, ``adaptive_gamma.png``.
 
 Usage: ``python experiments/synthetic_1d.py`` (~3-4 min on 2 CPU cores; ``--smoke``: minutes).
@@ -34,6 +34,11 @@ import optax
 
 import deqjax as dq
 from deqjax import harness, models, regularization, training
+
+if __package__:  # python -m experiments.<name>, or imported as experiments.<name>
+    from experiments.parts import scalar_deq_figure, stacked_runs
+else:  # python experiments/<name>.py: this folder is the first entry of sys.path
+    from parts import scalar_deq_figure, stacked_runs
 
 MODEL = models.ScalarDEQ(hidden=50)
 ADAPTIVE = {
@@ -83,10 +88,10 @@ def setup(c: Config):
     names = [f"gamma={g:g}" for g in c.gammas] + ([] if c.no_adaptive else ["adaptive"])
     extra = {"settings": Settings(), "adaptive_gamma": ADAPTIVE, "runs": names}
     extra |= {"seeds": [c.run.seed + i for i in range(c.num_seeds)], "jax": jax.__version__}
-    return (Settings(), harness.StackedRuns(tuple(names))), extra
+    return (Settings(), stacked_runs.StackedRuns(tuple(names))), extra
 
 
-def train(c: Config, s: Settings, runs: harness.StackedRuns, seed: int, ctx):
+def train(c: Config, s: Settings, runs: stacked_runs.StackedRuns, seed: int, ctx):
     """Trains every run of one seed through ``fit``; returns the stacked params and the records."""
     xt, yt, _, _ = models.jr_synthetic_data(seed, c.n_train, c.n_val)
     regularizer = regularization.JacobianRegularizer(0.0, p=c.p, num_samples=s.num_samples)
@@ -138,7 +143,9 @@ def train(c: Config, s: Settings, runs: harness.StackedRuns, seed: int, ctx):
     return result.state.params, {k.replace("/", "_"): runs.history(train, k) for k in keys}
 
 
-def evaluate(c: Config, s: Settings, runs: harness.StackedRuns, seed: int, params) -> list[dict]:
+def evaluate(
+    c: Config, s: Settings, runs: stacked_runs.StackedRuns, seed: int, params
+) -> list[dict]:
     """The Fig. 5 table (``dq.models.jr_fig5_metrics``) of every run on the validation set."""
     _, _, xv, yv = map(jnp.asarray, models.jr_synthetic_data(seed, c.n_train, c.n_val))
     fig5 = {k: v for k, v in vars(s).items() if k not in ("batch_size", "num_samples", "monitor")}
@@ -149,9 +156,13 @@ def evaluate(c: Config, s: Settings, runs: harness.StackedRuns, seed: int, param
     ]
 
 
-def plot(c: Config, s: Settings, runs: harness.StackedRuns, params, history: dict, ctx) -> None:
+def plot(
+    c: Config, s: Settings, runs: stacked_runs.StackedRuns, params, history: dict, ctx
+) -> None:
     """Fig. 5 per run, and the monitoring NFE, slope (moving averages) and γ per training step."""
-    harness.plot_jr_fig5(MODEL, runs.unstack(params), ctx.path("fig5.png"), solver=s.tight)
+    scalar_deq_figure.plot_jr_fig5(
+        MODEL, runs.unstack(params), ctx.path("fig5.png"), solver=s.tight
+    )
     nfe, slope = "fixed-point NFE to 1e-3\n(moving avg)", "mean |∂f/∂z| at z*"
     panels = {nfe: runs.curves(history["monitor_nfe"]), slope: runs.curves(history["slope"])}
     harness.plot_panels(

@@ -95,3 +95,53 @@ def test_theory_package_does_not_import_haiku_or_initializers():
                 imported.update(f"{node.module}.{alias.name}" for alias in node.names)
     assert imported, "no theory modules found"
     assert not any("haiku" in name or "initializers" in name for name in imported), imported
+
+
+def _imported_modules(path: pathlib.Path) -> list[tuple[int, str]]:
+    """``(line, module)`` of every absolute import in ``path``, function bodies included:
+    ``from deqjax import solvers`` gives ``deqjax.solvers``, ``import deqjax as dq`` ``deqjax``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _is_public_face(module: str) -> bool:
+    """``deqjax`` itself or a module of it outside ``deqjax._src``."""
+    parts = module.split(".")
+    return parts[0] == "deqjax" and (len(parts) == 1 or parts[1] != "_src")
+
+
+def test_the_public_face_check_sees_public_imports(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import deqjax as dq\nfrom deqjax import solvers\nfrom deqjax._src import tree\n"
+        "def f():\n    import deqjax.nn\n"
+    )
+    faces = [m for _, m in _imported_modules(source) if _is_public_face(m)]
+    assert faces == ["deqjax", "deqjax.solvers", "deqjax.nn"]
+
+
+def test_the_implementation_imports_the_implementation_never_the_public_faces():
+    """Code under ``deqjax/_src`` imports the ``_src`` module that defines a name, not ``deqjax``
+    or ``deqjax.<module>`` (whose imports would run first and can cycle back)."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((ROOT / "deqjax" / "_src").rglob("*.py"))
+        for line, module in _imported_modules(path)
+        if _is_public_face(module)
+    ]
+    assert not offenders, offenders
+
+
+def test_the_library_never_imports_the_experiments():
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((ROOT / "deqjax").rglob("*.py"))
+        for line, module in _imported_modules(path)
+        if module.split(".")[0] in ("experiments", "benchmarks", "notebooks", "tests")
+    ]
+    assert not offenders, offenders

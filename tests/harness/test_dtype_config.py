@@ -3,6 +3,8 @@ the solvers keep float32 bookkeeping, and a tolerance the dtype cannot resolve i
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import jmp
@@ -33,9 +35,13 @@ def test_policy_and_loss_scale():
 
 
 def _classifier(dtype):
+    """The main job's classifier (``dq.models.classifier_fns`` of an ``MLPClassifier``) with every
+    function under ``dtype``'s policy."""
     solver = harness.SolverConfig(max_steps=6, tol=1e-2, bwd_max_steps=6, bwd_tol=1e-2)
-    model = harness.MLPClassifierConfig(width=16, diag_power_steps=3)
-    return model.fns(solver, harness.JRConfig(jr=False), compute=harness.DtypeConfig(dtype))
+    forward, adjoint = solver.solver_and_adjoint()
+    model = functools.partial(dq.models.MLPClassifier, 16, solver=forward, adjoint=adjoint)
+    fns = dq.models.classifier_fns(model, backward_solver=solver.backward(), diag_power_steps=3)
+    return harness.DtypeConfig(dtype).apply_each(dq.models.MLPClassifier, fns)
 
 
 HALF = ["bfloat16", pytest.param("float16", marks=pytest.mark.slow)]  # float16: the slow lane

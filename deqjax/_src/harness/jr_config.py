@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from deqjax import regularization
+from deqjax._src.adaptive_gamma import AdaptiveGamma
 from deqjax._src.harness.flag_types import NonNegativeFloat, PositiveInt
+from deqjax._src.jacobian_regularization import JacobianRegularizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,19 +26,15 @@ class JRConfig:
     gamma_min: NonNegativeFloat = 1e-2  # adaptive floor
     gamma_max: NonNegativeFloat = 20.0  # adaptive ceiling
 
-    def build(
-        self, tol: float
-    ) -> tuple[regularization.JacobianRegularizer | None, regularization.AdaptiveGamma | None]:
+    def build(self, tol: float) -> tuple[JacobianRegularizer | None, AdaptiveGamma | None]:
         """``(regulariser or None, AdaptiveGamma controller or None)``; ``tol`` is the
         adaptive controller's target when ``--gamma_target`` is 0 (the forward tolerance)."""
         if not self.jr:
             return None, None
-        reg = regularization.JacobianRegularizer(
-            self.gamma, p=self.jr_p, num_samples=self.jr_samples
-        )
+        reg = JacobianRegularizer(self.gamma, p=self.jr_p, num_samples=self.jr_samples)
         if not self.adaptive_gamma:
             return reg, None
-        controller = regularization.AdaptiveGamma(
+        controller = AdaptiveGamma(
             init_gamma=self.gamma,
             target=self.gamma_target or tol,
             min_gamma=min(self.gamma_min, self.gamma),

@@ -12,7 +12,6 @@ from typing import Any, ClassVar, Literal
 
 import haiku as hk
 
-import deqjax as dq
 from deqjax._src.harness.dtype_config import FLOAT32, DtypeConfig
 from deqjax._src.harness.flag_types import (
     NonNegativeFloat,
@@ -21,9 +20,12 @@ from deqjax._src.harness.flag_types import (
     PositiveInt,
 )
 from deqjax._src.harness.solver_config import Gradient, solver_and_adjoint
+from deqjax._src.jacobian_regularization import JacobianRegularizer
+from deqjax._src.models.mlp_classifier import INIT_FAMILIES, recurrent_init
+from deqjax._src.models.sequence_model import SequenceModel
 
 # The FFN weights' initialisation: the model's own ("paper"), or an ensemble of the init paper.
-FfnInit = Literal[("paper", *dq.models.INIT_FAMILIES)]
+FfnInit = Literal[("paper", *INIT_FAMILIES)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +56,8 @@ class SequenceModelConfig:
         if self.ffn_init == "paper":
             ffn_init = None
         else:
-            ffn_init = dq.models.recurrent_init(self.ffn_init, self.ffn_scale)
-        jr = dq.regularization.JacobianRegularizer(self.jr_gamma) if self.jr_gamma > 0 else None
+            ffn_init = recurrent_init(self.ffn_init, self.ffn_scale)
+        jr = JacobianRegularizer(self.jr_gamma) if self.jr_gamma > 0 else None
         return {
             "d_model": self.d_model,
             "num_heads": self.num_heads,
@@ -84,9 +86,9 @@ class SequenceModelConfig:
 
         def forward(*args: Any) -> Any:
             *inputs, is_training = args
-            model = dq.models.SequenceModel(vocab_size, kind, cell, **kwargs)
+            model = SequenceModel(vocab_size, kind, cell, **kwargs)
             return model(*inputs, is_training=is_training)
 
         model = hk.transform(forward)
-        apply = compute.apply(dq.models.SequenceModel, model.apply)
-        return hk.Transformed(compute.apply(dq.models.SequenceModel, model.init), apply)
+        apply = compute.apply(SequenceModel, model.apply)
+        return hk.Transformed(compute.apply(SequenceModel, model.init), apply)

@@ -12,8 +12,13 @@ import dataclasses
 import typing
 from typing import Literal
 
-import deqjax as dq
+from deqjax._src import adjoints
 from deqjax._src.harness.flag_types import NonNegativeInt, PositiveFloat, PositiveInt
+from deqjax._src.solvers.anderson import Anderson
+from deqjax._src.solvers.base import Solver
+from deqjax._src.solvers.broyden import Broyden
+from deqjax._src.solvers.fixed_point_iteration import FixedPointIteration
+from deqjax._src.solvers.reversible import Reversible
 
 Gradient = Literal["implicit", "phantom", "one_step", "unrolled", "shine", "reversible"]
 # The gradient strategies selectable by name (``--adjoint``), README's table of gradients.
@@ -27,10 +32,10 @@ def solver_and_adjoint(
     tol: float,
     stop_mode: str = "rel",
     m: int = 5,
-    backward: dq.solvers.Solver | None = None,
+    backward: Solver | None = None,
     steps: int | None = None,
     tau: float = 0.5,
-) -> tuple[dq.solvers.Solver, dq.Adjoint]:
+) -> tuple[Solver, adjoints.Adjoint]:
     """``(forward solver, adjoint)`` for the gradient named ``name`` (one of :data:`GRADIENTS`).
 
     Three gradients need their own forward solver, built with the same ``max_steps``, ``tol`` and
@@ -48,19 +53,19 @@ def solver_and_adjoint(
     """
     common = {"max_steps": max_steps, "tol": tol, "stop_mode": stop_mode}
     if name == "shine":
-        broyden = dq.solvers.Broyden(return_inverse=True, **common)
-        return broyden, dq.ShineAdjoint(refine_steps=steps or 0, fallback=None)
+        broyden = Broyden(return_inverse=True, **common)
+        return broyden, adjoints.ShineAdjoint(refine_steps=steps or 0, fallback=None)
     if name == "reversible":
-        return dq.solvers.Reversible(**common), dq.ReversibleAdjoint()
+        return Reversible(**common), adjoints.ReversibleAdjoint()
     if name == "unrolled":
-        return dq.solvers.FixedPointIteration(**common), dq.UnrolledAdjoint()
-    anderson = dq.solvers.Anderson(m=m, **common)
+        return FixedPointIteration(**common), adjoints.UnrolledAdjoint()
+    anderson = Anderson(m=m, **common)
     if name == "implicit":
-        return anderson, dq.ImplicitAdjoint(solver=backward)
+        return anderson, adjoints.ImplicitAdjoint(solver=backward)
     if name == "phantom":
-        return anderson, dq.PhantomAdjoint(steps=5 if steps is None else steps, tau=tau)
+        return anderson, adjoints.PhantomAdjoint(steps=5 if steps is None else steps, tau=tau)
     if name == "one_step":
-        return anderson, dq.OneStepAdjoint()
+        return anderson, adjoints.OneStepAdjoint()
     raise ValueError(f"adjoint must be one of {GRADIENTS}, got {name!r}.")
 
 
@@ -79,17 +84,17 @@ class SolverConfig:
     adjoint_steps: NonNegativeInt | None = None
     """phantom: damped steps (default 5); shine: refinement steps (default 0)"""
 
-    def backward(self) -> dq.solvers.Anderson:
+    def backward(self) -> Anderson:
         """The Anderson backward solver of ``--bwd_max_steps --bwd_tol`` (the implicit
         gradient's, and the backward-convergence diagnostic of every gradient)."""
-        return dq.solvers.Anderson(
+        return Anderson(
             max_steps=self.bwd_max_steps,
             tol=self.bwd_tol,
             m=self.anderson_m,
             stop_mode=self.stop_mode,
         )
 
-    def solver_and_adjoint(self) -> tuple[dq.solvers.Solver, dq.Adjoint]:
+    def solver_and_adjoint(self) -> tuple[Solver, adjoints.Adjoint]:
         """``(forward solver, adjoint)`` of ``--adjoint`` (:func:`solver_and_adjoint`); the
         implicit gradient's backward is :meth:`backward`."""
         return solver_and_adjoint(

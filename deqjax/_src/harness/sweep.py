@@ -4,14 +4,12 @@
 init paper's Fig. 5; :func:`grid` lists them), reusing a single compiled train and eval step (only
 the initial parameters and the data order differ), stops a run whose loss turns non-finite and
 evaluates every run as it stands. :func:`summarize_runs` groups the rows (median, mean, min, max
-of one value), :func:`report_sweep` writes them with their summary and its plot, and
-:func:`median_rows` gives the median of every value (e.g. over seeds).
+of one value) and :func:`median_rows` gives the median of every value (e.g. over seeds).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -21,8 +19,6 @@ import numpy as np
 import optax
 
 from deqjax._src.data.batching import ShuffledBatches, eval_batches
-from deqjax._src.harness.figures import plot_sweep
-from deqjax._src.harness.tables import markdown_table, write_csv
 from deqjax._src.training.evaluation import EvalFn, evaluate, make_eval_step
 from deqjax._src.training.metrics import progress_bar
 from deqjax._src.training.train_state import create_train_state, replicate, shard, unreplicate
@@ -151,21 +147,3 @@ def median_rows(rows: Sequence[Mapping[str, Any]], by: Sequence[str]) -> list[di
         values = {k: float(np.median([r[k] for r in rs])) for k in rs[0] if k not in by}
         out.append(dict(zip(by, key)) | values)
     return out
-
-
-def report_sweep(
-    rows: Sequence[Mapping[str, Any]],
-    out_dir: str | os.PathLike,
-    *,
-    by: Sequence[str] = ("family", "scale"),
-    title: str = "",
-) -> list[dict]:
-    """Writes a sweep's ``sweep.csv`` (``rows``), ``sweep_summary.csv`` (:func:`summarize_runs`
-    of ``test_error`` by ``by``) and ``sweep.png`` (:func:`~deqjax.harness.plot_sweep`), prints
-    the summary as a Markdown table; returns the summary."""
-    summary = summarize_runs(rows, by, "test_error")
-    write_csv(os.path.join(out_dir, "sweep.csv"), rows)
-    write_csv(os.path.join(out_dir, "sweep_summary.csv"), summary)
-    plot_sweep(summary, os.path.join(out_dir, "sweep.png"), x=by[-1], group=by[0], title=title)
-    print(markdown_table(summary))
-    return summary

@@ -14,11 +14,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from deqjax import solvers
 from deqjax._src import jacobian as jacobian_lib
 from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src.models import mlp_classifier
 from deqjax._src.normalise import as_solver
+from deqjax._src.solvers.base import Solver
+from deqjax._src.solvers.solution import CONVERGED
+from deqjax._src.solvers.summary import summarize
 
 
 class ClassifierFns(NamedTuple):
@@ -97,7 +99,7 @@ def _loss(
     metrics = {
         "cross_entropy": ce,
         "accuracy": jnp.mean(_accuracy(logits, labels)),
-        **solvers.summarize(out.solution),
+        **summarize(out.solution),
     }
     loss = ce
     if regularizer is not None:
@@ -121,13 +123,13 @@ def _evaluate(make_model: _MakeModel, images: jax.Array, labels: jax.Array) -> d
         "nfe_max": nfe,
         "rel_residual": rel,
         "rel_residual_max": rel,
-        "converged": (sol.status == solvers.CONVERGED).astype(jnp.float32),
+        "converged": (sol.status == CONVERGED).astype(jnp.float32),
     }
 
 
 def _diagnostics(
     make_model: _MakeModel,
-    backward_solver: solvers.Solver | None,
+    backward_solver: Solver | None,
     diag_probes: int,
     diag_power_steps: int,
     images: jax.Array,

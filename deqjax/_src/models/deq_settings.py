@@ -15,12 +15,12 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax import solvers
 from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src import tree
 from deqjax._src.nn import deq as deq_lib
 from deqjax._src.normalise import as_solver
 from deqjax._src.precision import check_precision
+from deqjax._src.solvers.anderson import Anderson
 
 JR_KEYS = ("jr", "jr/frobenius_sq", "jr/applied")
 
@@ -51,7 +51,7 @@ class DEQSettings:
 
     def __post_init__(self):
         object.__setattr__(self, "precision", check_precision(self.precision))
-        solver = solvers.Anderson() if self.solver is None else self.solver
+        solver = Anderson() if self.solver is None else self.solver
         object.__setattr__(self, "solver", as_solver(solver, name="solver"))
         if self.eval_solver is not None:
             eval_solver = as_solver(self.eval_solver, name="eval_solver")

@@ -37,16 +37,17 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax import solvers
 from deqjax._src import checks
 from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src.models import deq_settings
 from deqjax._src.nn import multiscale_cell, norms
+from deqjax._src.solvers.anderson import Anderson
+from deqjax._src.solvers.summary import summarize
 
 PyTree = Any
 
 
-def budget_solver(budget: int, *, tol: float, m: int = 5) -> solvers.Anderson:
+def budget_solver(budget: int, *, tol: float, m: int = 5) -> Anderson:
     """The inference solver of budget ``budget``: ``dq.solvers.Anderson(max_steps=budget, tol=tol,
     m=m)`` (module docstring); the head reads ``f(z_best)``, so the prediction depends on
     ``≤ budget`` evaluations of the cell.
@@ -55,7 +56,7 @@ def budget_solver(budget: int, *, tol: float, m: int = 5) -> solvers.Anderson:
       ValueError: if ``budget`` is not an int ``>= 1``.
     """
     checks.check_positive_int(budget, "budget")
-    return solvers.Anderson(max_steps=budget, tol=tol, m=m)
+    return Anderson(max_steps=budget, tol=tol, m=m)
 
 
 def _grid_pool(z: jax.Array, grid: int) -> jax.Array:
@@ -194,7 +195,7 @@ class MDEQClassifier(hk.Module):
         diff = jax.tree.map(jnp.subtract, z_read, out.z_star)
         residual = _per_example_norm(diff) / (_per_example_norm(z_read) + 1e-12)
         aux: dict[str, Any] = {
-            "solver": solvers.summarize(out.solution),
+            "solver": summarize(out.solution),
             "nfe": out.solution.num_steps,
             "residual": jax.lax.stop_gradient(residual),
             "readout": z_read,

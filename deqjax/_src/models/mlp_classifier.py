@@ -26,10 +26,10 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax import solvers
 from deqjax._src import checks, initializers
 from deqjax._src.nn import deq as deq_lib
 from deqjax._src.nn import mlp_cell
+from deqjax._src.solvers.anderson import Anderson
 
 _FAMILIES = {
     "gaussian": initializers.Gaussian,
@@ -95,7 +95,7 @@ class MLPClassifier(hk.Module):
             cell_form,
         )
         self.w_init = initializers.HaarOrthogonal(1.0) if w_init is None else w_init
-        self.solver = solvers.Anderson() if solver is None else solver
+        self.solver = Anderson() if solver is None else solver
         self.adjoint = adjoint
         self.per_example = per_example
 

@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax import solvers
 from deqjax._src import checks, jacobian
 from deqjax._src.normalise import as_solver
+from deqjax._src.solvers.solution import CONVERGED, Solution
 
 Params = dict[str, jax.Array]
 
@@ -84,7 +84,7 @@ class ScalarDEQ:
         """``∂f/∂z`` at each ``(x, z)``: ``[B]`` (the Jacobian of a scalar DEQ)."""
         return jax.vmap(jax.grad(self.cell, argnums=2), in_axes=(None, 0, 0))(params, xs, zs)
 
-    def solve(self, params: Params, xs: jax.Array, solver: Any) -> solvers.Solution:
+    def solve(self, params: Params, xs: jax.Array, solver: Any) -> Solution:
         """Per-example solves of ``z = f(z; x)`` from ``z = 0``, no gradient (a monitor).
 
         Batch-native (``solver`` with ``batch_ndim=1``): one loop for the batch, each example
@@ -143,7 +143,7 @@ def jr_fig5_metrics(
             model.cell, params, x, zz, gg, solver=backward
         )
     )(xs, z, g)
-    conv_f = sf.status == solvers.CONVERGED
+    conv_f = sf.status == CONVERGED
     f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
     return {
         "val_mse": jnp.mean((s6.value - ys) ** 2),

@@ -34,10 +34,10 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax import solvers
 from deqjax._src import checks
 from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src.models import deq_settings, memory, sequence_cells
+from deqjax._src.solvers.summary import summarize
 
 
 class SequenceBackbone(hk.Module):
@@ -161,7 +161,7 @@ class SequenceBackbone(hk.Module):
             raise ValueError(f"mems of the DEQ must be [B, M, D], got shape {mems.shape}.")
         x_cell = sequence_cells.cell_input(self.cell, x, mems)
         out, jr = self.deq_settings.solve(self._cell(), x_cell, is_training=is_training, step=step)
-        aux = solvers.summarize(out.solution) | jr  # nfe, rel_residual (batch means), ...
+        aux = summarize(out.solution) | jr  # nfe, rel_residual (batch means), ...
         if mems is not None:
             aux["new_mems"] = jax.lax.stop_gradient(out.z_star)
         return out.z_star, aux

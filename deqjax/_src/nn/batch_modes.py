@@ -30,12 +30,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from deqjax import solvers
 from deqjax._src import fixed_point as fixed_point_lib
 from deqjax._src.nn import per_forward
+from deqjax._src.solvers.base import Solver
+from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
-SolveFn = Callable[[Any, PyTree, PyTree, Any], tuple[PyTree, solvers.Solution]]
+SolveFn = Callable[[Any, PyTree, PyTree, Any], tuple[PyTree, Solution]]
 
 
 class Mode(enum.Enum):
@@ -51,14 +52,14 @@ class Mode(enum.Enum):
     )
 
 
-def mode_of(per_example: bool, solver: solvers.Solver) -> Mode:
+def mode_of(per_example: bool, solver: Solver) -> Mode:
     """The mode of a solve: whole batch, else batch-native when ``solver.batch_native``."""
     if not per_example:
         return Mode.WHOLE_BATCH
     return Mode.BATCH_NATIVE if solver.batch_native else Mode.VMAP
 
 
-def mode_solver(mode: Mode, solver: solvers.Solver) -> solvers.Solver:
+def mode_solver(mode: Mode, solver: Solver) -> Solver:
     """``solver`` as the mode runs it: one loop over problems indexed by the leading axis in the
     batch-native mode."""
     return solver.replace(batch_ndim=1) if mode is Mode.BATCH_NATIVE else solver
@@ -80,7 +81,7 @@ class Bound(NamedTuple):
 
 def solve_batch(
     cell: per_forward.PhasedCell,
-    solver: solvers.Solver,
+    solver: Solver,
     adjoint: Any,
     backward_stats: Any,
 ) -> SolveFn:

@@ -81,16 +81,17 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax import solvers
 from deqjax._src import adjoints, checks, tree
 from deqjax._src.nn import batch_modes, per_forward
 from deqjax._src.normalise import accepts_keyword, as_solver
 from deqjax._src.precision import check_precision
+from deqjax._src.solvers.anderson import Anderson
+from deqjax._src.solvers.solution import MAX_STEPS, Solution
 
 PyTree = Any
 Cell = Callable[..., PyTree]
 
-_ANDERSON = solvers.Anderson()  # the default forward solver
+_ANDERSON = Anderson()  # the default forward solver
 
 
 class DEQOutput(NamedTuple):
@@ -116,7 +117,7 @@ class DEQOutput(NamedTuple):
     """
 
     z_star: PyTree
-    solution: solvers.Solution
+    solution: Solution
     cell_fn: Callable[[PyTree], PyTree]
     f_star: PyTree = None
 
@@ -213,7 +214,7 @@ class DEQ(hk.Module):
         *,
         is_training: bool = True,
         backward_stats: Any = None,
-    ) -> tuple[PyTree, solvers.Solution]:
+    ) -> tuple[PyTree, Solution]:
         """Solves for the equilibrium; always returns ``(z_star, solution)``.
 
         Args:
@@ -303,7 +304,7 @@ class DEQ(hk.Module):
         return lambda x, z: cell(z, x)
 
 
-def _f_star(z_star: PyTree, sol: solvers.Solution) -> PyTree:
+def _f_star(z_star: PyTree, sol: Solution) -> PyTree:
     """``f(z*)`` as the solver evaluated it, with the gradient of ``z*`` (``None`` when a user
     solver returns no ``f_value``)."""
     if sol.f_value is None:
@@ -313,7 +314,7 @@ def _f_star(z_star: PyTree, sol: solvers.Solution) -> PyTree:
     )
 
 
-def _unsolved(shapes: solvers.Solution, value: PyTree, *, batch_ndim: int) -> solvers.Solution:
+def _unsolved(shapes: Solution, value: PyTree, *, batch_ndim: int) -> Solution:
     """A Solution shaped like ``shapes`` for "no solve ran": 0 steps, +inf residuals, MAX_STEPS;
     ``samples`` (a solver given ``sample_steps``) hold ``value`` each, the sample axis after the
     ``batch_ndim`` batch axes."""
@@ -325,13 +326,13 @@ def _unsolved(shapes: solvers.Solution, value: PyTree, *, batch_ndim: int) -> so
             shapes.samples,
             value,
         )
-    return solvers.Solution(
+    return Solution(
         value=value,
         num_steps=full(shapes.num_steps, 0),
         abs_residual=full(shapes.abs_residual, jnp.inf),
         rel_residual=full(shapes.rel_residual, jnp.inf),
         trace=full(shapes.trace, jnp.inf),
-        status=full(shapes.status, solvers.MAX_STEPS),
+        status=full(shapes.status, MAX_STEPS),
         f_value=value,
         samples=samples,
     )

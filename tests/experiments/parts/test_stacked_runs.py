@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from deqjax import harness
+from experiments.parts.stacked_runs import StackedRuns
 
-RUNS = harness.StackedRuns(("a", "b"))
+RUNS = StackedRuns(("a", "b"))
 
 
 def test_stack_and_unstack():

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 import deqjax as dq
-from deqjax._src.harness.flag_types import IntList, NonNegativeFloat, PositiveFloat, PositiveInt
+from deqjax.harness import IntList, NonNegativeFloat, PositiveFloat, PositiveInt
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,7 @@
-"""The JR paper's Fig. 5 for trained scalar DEQs: the surface f(z; x) and a cobweb of iterates."""
+"""The JR paper's Fig. 5 for trained scalar DEQs: the surface f(z; x) and a cobweb of iterates.
+
+Drawn by ``experiments/synthetic_1d.py`` for its trained runs.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax._src.harness.figures import pyplot, save_figure
-from deqjax._src.models import scalar_deq
+import deqjax as dq
+from deqjax.harness import pyplot, save_figure
 
 
 def plot_jr_fig5(
-    model: scalar_deq.ScalarDEQ,
-    params: dict[str, scalar_deq.Params],
+    model: dq.models.ScalarDEQ,
+    params: dict[str, dict[str, jax.Array]],
     path: str,
     *,
     solver: Any,
@@ -53,7 +56,7 @@ def plot_jr_fig5(
             path_f += [z, fz]
             z = fz
         ax2.plot(path_z, path_f, color="tab:red", lw=0.8, label="fixed-point iterates")
-        target = float(scalar_deq.jr_synthetic_target(np.float32(x_slice), linear_sign))
+        target = float(dq.models.jr_synthetic_target(np.float32(x_slice), linear_sign))
         ax2.axhline(target, color="k", lw=0.5)
         ax2.set(xlim=(-6, 6), ylim=(-6, 6), xlabel="z")
         if i == 0:

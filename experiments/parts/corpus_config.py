@@ -1,5 +1,6 @@
 """The data section of the language models: a corpus, tokenized by a sentencepiece model.
 
+The language model's (``experiments/language_model.py``, and ``repro_lm_init.py`` through it).
 Flags ``--corpus --data_dir --vocab_size --max_train_lines --max_eval_lines``;
 :meth:`CorpusConfig.load` reads the corpus (:func:`deqjax.data.load_lm_corpus`, offline the King
 James Bible labelled ``STAND-IN``), trains the tokenizer on its training split and encodes both
@@ -14,7 +15,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from deqjax import data
-from deqjax._src.harness.flag_types import NonNegativeInt, PositiveInt
+from deqjax.harness import NonNegativeInt, PositiveInt
 
 
 class TokenizedCorpus(NamedTuple):

@@ -5,7 +5,8 @@ compiled step when their parameters are stacked: ``jax.vmap`` maps the loss over
 the sum of the runs' losses is minimised, so each run's gradient and Adam update is its own
 (Adam is elementwise). :class:`StackedRuns` names the runs and converts between the per-run
 trees and the stacked one, builds that summed loss with per-run metric names
-(``"<metric>/<run>"``) and reads the per-run curves back from the logged records.
+(``"<metric>/<run>"``) and reads the per-run curves back from the logged records. The γ sweep
+of ``experiments/synthetic_1d.py`` trains its runs so.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The model section of the fully connected DEQ classifier (init paper §4.1), and its functions.
 
-Flags ``--width --hidden --cell_form --init --init_scale --diag_power_steps``, and of the init
-sweep (:class:`InitSweepConfig`) ``--sweep --sweep_families --sweep_scales --sweep_seeds``;
+The main job's (``experiments/fashion_mnist.py``; ``benchmarks/training.py`` times it). Flags
+``--width --hidden --cell_form --init --init_scale --diag_power_steps``;
 :meth:`MLPClassifierConfig.fns` builds :func:`deqjax.models.classifier_fns` of
 :class:`deqjax.models.MLPClassifier` with the solver, gradient and Jacobian regulariser of the
-other sections (the main job's model, and the one its benchmarks time); :func:`batch_fns` gives
-them the signatures :func:`~deqjax.training.fit` calls, on ``{"image", "label"}`` batches.
+other sections; :func:`batch_fns` gives them the signatures :func:`~deqjax.training.fit` calls, on
+``{"image", "label"}`` batches.
 """
 
 from __future__ import annotations
@@ -18,23 +18,12 @@ import jax
 import jax.numpy as jnp
 
 import deqjax as dq
-from deqjax._src.harness.dtype_config import FLOAT32, DtypeConfig
-from deqjax._src.harness.flag_types import (
-    FloatList,
-    IntList,
-    NonNegativeFloat,
-    NonNegativeInt,
-    PositiveInt,
-    Switch,
-    choice_list,
-)
-from deqjax._src.harness.jr_config import JRConfig
-from deqjax._src.harness.solver_config import SolverConfig
-from deqjax._src.harness.sweep import grid
+from deqjax import harness
+from deqjax.harness import NonNegativeFloat, NonNegativeInt, PositiveInt
 
-# The recurrent weights' families (dq.models.recurrent_init): one, or a comma-separated list.
+# The recurrent weights' families (dq.models.recurrent_init).
 InitFamily = Literal[tuple(sorted(dq.models.INIT_FAMILIES))]
-InitFamilyList = choice_list(sorted(dq.models.INIT_FAMILIES))
+FLOAT32 = harness.DtypeConfig()  # the default compute dtype: no mixed-precision policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +56,12 @@ class MLPClassifierConfig:
 
     def fns(
         self,
-        solver: SolverConfig,
-        jr: JRConfig,
+        solver: harness.SolverConfig,
+        jr: harness.JRConfig,
         *,
         family: str | None = None,
         scale: float | None = None,
-        compute: DtypeConfig = FLOAT32,
+        compute: harness.DtypeConfig = FLOAT32,
         **model_kwargs: Any,
     ) -> dq.models.ClassifierFns:
         """The classifier's pure functions (:func:`deqjax.models.classifier_fns`).
@@ -107,20 +96,6 @@ class MLPClassifierConfig:
             diag_power_steps=self.diag_power_steps,
         )
         return compute.apply_each(dq.models.MLPClassifier, fns)
-
-
-@dataclasses.dataclass(frozen=True)
-class InitSweepConfig:
-    """Init sweep (init paper Fig. 5): test error vs the recurrent weights' family and scale."""
-
-    sweep: Switch = False  # the Fig. 5 sweep instead of one run
-    sweep_families: InitFamilyList = ("gaussian", "orthogonal", "goe")  # families swept
-    sweep_scales: FloatList = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # initialisation scales swept
-    sweep_seeds: IntList = (0, 1, 2)  # seeds per point
-
-    def runs(self) -> list[dict]:
-        """One ``{"family", "scale", "seed"}`` per run (:func:`~deqjax.harness.grid`)."""
-        return grid(family=self.sweep_families, scale=self.sweep_scales, seed=self.sweep_seeds)
 
 
 class BatchFns(NamedTuple):

@@ -1,0 +1,16 @@
+"""Parts of one experiment each: the configuration sections, functions and figures that a single
+experiment uses, kept next to it rather than in the library (``deqjax.harness`` holds what every
+experiment shares). One idea per module, named after it:
+
+* ``mlp_classifier_config``, ``init_sweep``: the main job's model section and its init sweep
+  (``fashion_mnist.py``);
+* ``mdeq_config``: the multiscale DEQ classifier's section (``cifar10_mdeq.py``);
+* ``corpus_config``: the language model's corpus (``language_model.py``);
+* ``stacked_runs``, ``scalar_deq_figure``: runs trained as one and the JR paper's Fig. 5
+  (``synthetic_1d.py``).
+
+They import only ``deqjax``; the library never imports them. An experiment imports them as
+``experiments.parts`` when it runs as a module (``python -m experiments.<name>``, the tests) and as
+``parts`` when it runs as a script (``python experiments/<name>.py`` puts its folder first on
+``sys.path``).
+"""
