@@ -2,9 +2,9 @@
 
 Two parts:
 
-* **Throughput**: the data-parallel train step (`--parallel`) of ``experiments/fashion_mnist.py`` at its default
-  model and batch (DEQ width 128, Anderson 20 steps / tol 1e-3 forward, implicit Anderson backward,
-  JR ``γ = 1``, ``p = 0.5``), on Fashion-MNIST batches. Median step time over ``--repeats`` steps
+* **Throughput**: the data-parallel train step (``--parallel``) of ``experiments/fashion_mnist.py``
+  at its default model and batch (DEQ width 128, Anderson 20 steps / tol 1e-3 forward, implicit
+  Anderson backward, JR ``γ = 1``, ``p = 0.5``), on Fashion-MNIST batches. Median step time over ``--repeats`` steps
   after a warm-up (compile), examples/s = global batch / step time. Every row runs in a fresh
   subprocess: the 1-device row on the default backend (the GPU where there is one), the 2-device
   row with ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` and ``JAX_PLATFORMS=cpu`` (read

@@ -1,4 +1,5 @@
-"""Training: the fit loop, the optax-style train step, checkpoints, metrics, multi-host start-up.
+"""Training: the fit loop and the parts it composes (a short loop, periodic actions, data
+parallelism), the optax-style train step, checkpoints, metrics, multi-host start-up.
 
 What a training script of one's own needs. The run harness (run folders, configurations, plots,
 sweeps) lives in :mod:`deqjax.harness`.
@@ -17,26 +18,60 @@ sweeps) lives in :mod:`deqjax.harness`.
 ...                       metrics_path="runs/x/metrics.jsonl")
 """
 
+from deqjax._src.training.actions.action import Action
+from deqjax._src.training.actions.evaluate import Evaluate
+from deqjax._src.training.actions.guard_nonfinite import GuardNonFinite
+from deqjax._src.training.actions.log_metrics import LogMetrics
+from deqjax._src.training.actions.report_progress import ReportProgress
+from deqjax._src.training.actions.run_diagnostics import RunDiagnostics
+from deqjax._src.training.actions.save_checkpoints import SaveCheckpoints
+from deqjax._src.training.actions.stop_on_sigterm import StopOnSigterm
 from deqjax._src.training.checkpoint import Checkpointer, CheckpointError, RestoreError
+from deqjax._src.training.data_parallel import (
+    PER_DEVICE,
+    REPLICATED,
+    SHARDED,
+    STATE_KINDS,
+    DataParallel,
+    data_parallel,
+)
 from deqjax._src.training.distributed import DistributedConfig, initialize_distributed
-from deqjax._src.training.fit import FitResult, NonFiniteError, fit, skip_nonfinite
+from deqjax._src.training.fit import FitResult, fit
 from deqjax._src.training.metrics import MetricsWriter, read_jsonl
+from deqjax._src.training.nonfinite import NonFiniteError, skip_nonfinite
 from deqjax._src.training.optimizer import make_optimizer, make_schedule
+from deqjax._src.training.train_loop import LoopResult, StepMetrics, train_loop
 from deqjax._src.training.train_state import TrainState, replicate, shard, unreplicate
 from deqjax._src.training.train_step import TrainStep, reduce_metrics, train_step
 from deqjax._src.training.xla_memory import compile_with_memory
 
 __all__ = [
+    "Action",
     "CheckpointError",
     "Checkpointer",
+    "DataParallel",
     "DistributedConfig",
+    "Evaluate",
     "FitResult",
+    "GuardNonFinite",
+    "LogMetrics",
+    "LoopResult",
     "MetricsWriter",
     "NonFiniteError",
+    "PER_DEVICE",
+    "REPLICATED",
+    "ReportProgress",
     "RestoreError",
+    "RunDiagnostics",
+    "SHARDED",
+    "STATE_KINDS",
+    "SaveCheckpoints",
+    "StepMetrics",
+    "StopOnSigterm",
     "TrainState",
     "TrainStep",
     "compile_with_memory",
+    "data_parallel",
     "fit",
     "initialize_distributed",
     "make_optimizer",
@@ -46,6 +81,7 @@ __all__ = [
     "replicate",
     "shard",
     "skip_nonfinite",
+    "train_loop",
     "train_step",
     "unreplicate",
 ]

@@ -183,6 +183,7 @@ def sweep(c: Config, inputs, ctx):
         eval_batch_size=c.optimization.eval_batch_size,
         log_every=c.logging.log_every,
         progress=c.run.progress,
+        parallel=ctx.parallel,
         print_fn=ctx.print,
     )
     title = f"{source}: {num_steps} steps, {len(c.init_sweep.sweep_seeds)} seed(s)"

@@ -7,12 +7,7 @@ import optax
 import pytest
 
 from deqjax import training
-from deqjax._src.training.train_state import (
-    create_train_state,
-    stack,
-    state_to_devices,
-    state_to_host,
-)
+from deqjax._src.training.train_state import create_train_state, stack
 
 
 def _params():
@@ -51,16 +46,19 @@ def test_replicate_shard_unreplicate_round_trip():
         training.shard({"x": np.float32(1.0)}, devices)  # no batch axis to split
 
 
-def test_state_with_a_carry_per_device_goes_to_devices_and_back():
-    devices = jax.local_devices()
+@pytest.mark.parametrize("mode", ["sharded", "pmap"])
+def test_state_with_a_carry_per_device_goes_to_devices_and_back(mode):
+    parallel = training.data_parallel(mode)
+    n = len(parallel.local_devices)
     state = create_train_state(_params(), optax.sgd(0.1), jax.random.PRNGKey(0), carry=np.ones(2))
-    state = state._replace(carry=stack(state.carry, len(devices)))
-    assert state.carry.shape == (len(devices), 2)
-    state_r = state_to_devices(state, devices)
-    assert state_r.params["w"].shape == (len(devices), 3)  # replicated
-    assert state_r.carry.shape == (len(devices), 2)  # split: one row per device
-    host = state_to_host(state_r)
+    state = state._replace(carry=stack(state.carry, n))
+    assert state.carry.shape == (n, 2)
+    placed = parallel.put(state, training.STATE_KINDS)
+    want = (n, 3) if mode == "pmap" else (3,)  # pmap: one copy per device; sharded: one array
+    assert placed.params["w"].shape == want
+    assert placed.carry.shape == (n, 2)  # split: one row per device
+    host = parallel.get(placed, training.STATE_KINDS)
     assert isinstance(host, training.TrainState)
     np.testing.assert_array_equal(host.params["w"], np.arange(3, dtype=np.float32))
-    np.testing.assert_array_equal(host.carry, np.ones((len(devices), 2)))
+    np.testing.assert_array_equal(host.carry, np.ones((n, 2)))
     np.testing.assert_array_equal(host.rng, np.asarray(state.rng))

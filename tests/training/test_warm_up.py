@@ -10,7 +10,6 @@ import optax
 import pytest
 
 from deqjax import data, training
-from deqjax._src.training import fit as fit_lib
 from deqjax._src.training import warm_up
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -80,14 +79,14 @@ def _fit(eval_every=4, traces=None):
 def test_fit_compiles_evaluation_and_diagnostics_once_and_trains_alike(compiles, monkeypatch):
     _fit()  # the small programs every run shares (placing arrays, zeros) compile once per process
     jobs = []
-    real = fit_lib.compile_in_background
-    monkeypatch.setattr(fit_lib, "compile_in_background", lambda js: jobs.extend(js) or real(js))
+    real = warm_up.compile_in_background
+    monkeypatch.setattr(warm_up, "compile_in_background", lambda js: jobs.extend(js) or real(js))
     compiles.clear()
     warm = _fit()
     with_warm_up = len(compiles)
     assert len(jobs) == 2  # the evaluation and the diagnostics steps, before the first step
     # The same run with nothing compiled in the background: every program on first use.
-    monkeypatch.setattr(fit_lib, "compile_in_background", lambda jobs: [lambda: None] * len(jobs))
+    monkeypatch.setattr(warm_up, "compile_in_background", lambda jobs: [lambda: None] * len(jobs))
     compiles.clear()
     cold = _fit()
     assert len(compiles) == with_warm_up  # no program compiled twice

@@ -14,7 +14,7 @@ environment variables ``DEQJAX_COORDINATOR_ADDRESS``, ``DEQJAX_NUM_PROCESSES`` a
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import ClassVar, Literal
 
 from deqjax._src.training.distributed import DistributedConfig, initialize_distributed
 
@@ -24,13 +24,15 @@ class MultiHostConfig:
     """Devices and hosts: how steps run over the devices, and (jax.distributed) where process 0
     listens, how many processes, which one."""
 
-    parallel: Literal["sharded", "pmap"] = "sharded"
-    """data parallel over every device: sharded (jax.jit + shard_map) or pmap"""
+    # The two ways give the same numbers: a run may resume the other way (with --force).
+    SAFE_ON_RESUME: ClassVar[tuple[str, ...]] = ("parallel",)
 
     coordinator_address: str | None = None
     """host:port of process 0 (env DEQJAX_COORDINATOR_ADDRESS); unset: single process"""
     num_processes: int | None = None  # process count (env DEQJAX_NUM_PROCESSES)
     process_id: int | None = None  # this process's id (env DEQJAX_PROCESS_ID)
+    parallel: Literal["sharded", "pmap"] = "sharded"
+    """data parallel over every device: sharded (jax.jit + shard_map) or pmap"""
 
     def initialize(self) -> DistributedConfig | None:
         """Joins the multi-host run these flags (or the environment) describe; None: one

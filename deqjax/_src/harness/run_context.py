@@ -48,6 +48,8 @@ class RunContext:
       overwrite: a new run replaces an earlier one (``--overwrite``).
       progress: show progress bars (not ``--no_progress``).
       mode: the mode flag that is set (e.g. ``"sweep"``), or None.
+      parallel: how each training runs over the devices (``--parallel``: ``"sharded"`` or
+        ``"pmap"``).
     """
 
     out_dir: str
@@ -56,6 +58,7 @@ class RunContext:
     overwrite: bool
     progress: bool
     mode: str | None = None
+    parallel: str = "sharded"
 
     @property
     def is_main(self) -> bool:
@@ -75,7 +78,8 @@ class RunContext:
 
     def fit_kwargs(self, name: str | None = None, **overrides: Any) -> dict:
         """``checkpoint_dir``, ``metrics_path``, ``resume``, ``overwrite``, ``progress``,
-        ``config`` and ``print_fn`` for :func:`~deqjax.training.fit` (``overrides`` win).
+        ``config``, ``parallel`` and ``print_fn`` for :func:`~deqjax.training.fit`
+        (``overrides`` win).
 
         Args:
           name: one of several trainings of this run (one per seed, model or γ): it checkpoints
@@ -93,6 +97,7 @@ class RunContext:
             "overwrite": self.overwrite,
             "progress": self.progress,
             "config": self.config,
+            "parallel": self.parallel,
             "print_fn": self.print,
         }
         kwargs |= overrides

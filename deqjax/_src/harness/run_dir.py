@@ -1,8 +1,10 @@
 """A run's output folder: refuse to overwrite an earlier run, refuse to resume under other flags.
 
 Every experiment's ``--out_dir`` holds one run: its ``config.json`` (the flags), ``metrics.jsonl``,
-``ckpt/`` and its results. :func:`prepare_run_dir` is the one place the run flags ``--resume``,
-``--overwrite`` and ``--force`` are acted on:
+``ckpt/`` and its results. :func:`prepare_run_dir` is where the run flags ``--resume``,
+``--overwrite`` and ``--force`` are acted on for the folder, by the overwrite/resume policy of
+:mod:`~deqjax._src.training.run_policy` (which ``fit`` follows for the checkpoints and metrics
+file inside it):
 
 * a new run (no ``--resume``) in a folder that holds an earlier run stops with
   :class:`RunDirError` unless ``--overwrite`` (which deletes that run's files, and only those);
@@ -21,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from deqjax._src.training.metrics import to_python
+from deqjax._src.training.run_policy import RunPolicy
 
 CONFIG_NAME = "config.json"
 # Files and folders that make a folder "hold a run"; --overwrite deletes these (and the outputs
@@ -114,12 +117,12 @@ def _check_resume(
 ) -> dict:
     """The changes ``--resume --force`` accepts; raises :class:`RunDirError` for the others."""
     config_path = os.path.join(out_dir, config_name)
+    refuse = lambda: RunDirError(  # noqa: E731
+        f"--resume: {out_dir} holds no run to resume (no {config_name}); drop --resume to start "
+        f"a new run."
+    )
+    RunPolicy(resume=True).resume_from(present, refuse)
     if not os.path.exists(config_path):
-        if not present:
-            raise RunDirError(
-                f"--resume: {out_dir} holds no run to resume (no {config_name}); drop "
-                f"--resume to start a new run."
-            )
         if not force:
             raise RunDirError(
                 f"--resume: {out_dir} holds run files ({', '.join(present)}) but no "
@@ -201,8 +204,7 @@ def prepare_run_dir(
     multi = _process_count() > 1
     if write is None:
         write = _process_index() == 0
-    if resume and overwrite:
-        raise RunDirError("--resume and --overwrite contradict each other: choose one.")
+    policy = RunPolicy(resume, overwrite).check(flags=True, error=RunDirError)
     present = holds_run(out_dir, (config_name, *outputs))
     accepted: dict = {}
     if resume:
@@ -215,16 +217,15 @@ def prepare_run_dir(
             ignore_keys=ignore_keys,
             config_name=config_name,
         )
-    elif present and not overwrite:
-        raise RunDirError(
-            f"{out_dir} holds an earlier run ({', '.join(present)}); pass --resume to "
-            f"continue it, --overwrite to delete it and start afresh, or choose another "
-            f"--out_dir."
-        )
+    refuse = lambda: RunDirError(  # noqa: E731
+        f"{out_dir} holds an earlier run ({', '.join(present)}); pass --resume to continue it, "
+        f"--overwrite to delete it and start afresh, or choose another --out_dir."
+    )
+    doomed = policy.to_delete(present, refuse)
     if multi:  # every process has checked the folder before any process changes it
         _barrier("deqjax_run_dir_checked")
-    if write and not resume:
-        _delete(out_dir, present)
+    if write:
+        _delete(out_dir, doomed)
     # A resumed run keeps its config.json unless --force accepted changes (then it records them).
     if write and (not resume or accepted):
         write_json(os.path.join(out_dir, config_name), config)

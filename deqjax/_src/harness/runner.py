@@ -90,7 +90,9 @@ def _context(exp: Experiment, config: Any, flat: dict, mode: str | None) -> RunC
         )
     except RunDirError as e:
         fail(str(e))
-    return RunContext(run.out_dir, flat, resume, run.overwrite, run.progress, mode)
+    devices = find_section(config, MultiHostConfig)
+    parallel = devices.parallel if devices is not None else "sharded"
+    return RunContext(run.out_dir, flat, resume, run.overwrite, run.progress, mode, parallel)
 
 
 def run(exp: Experiment, argv: Sequence[str] | None = None) -> dict:

@@ -19,9 +19,15 @@ import numpy as np
 import optax
 
 from deqjax._src.data.batching import ShuffledBatches, eval_batches
+from deqjax._src.training.data_parallel import (
+    REPLICATED,
+    SHARDED,
+    STATE_KINDS,
+    data_parallel,
+)
 from deqjax._src.training.evaluation import EvalFn, evaluate, make_eval_step
 from deqjax._src.training.metrics import progress_bar
-from deqjax._src.training.train_state import create_train_state, replicate, shard, unreplicate
+from deqjax._src.training.train_state import create_train_state
 from deqjax._src.training.train_step import LossFn, make_train_step
 
 PyTree = Any
@@ -51,6 +57,7 @@ def short_runs(
     log_every: int,
     per_device_rng: bool = False,
     progress: bool = True,
+    parallel: str = "sharded",
     print_fn: Callable[[str], None] | None = print,
 ) -> list[dict]:
     """Trains and evaluates one short run per entry of ``runs``; returns one row per run.
@@ -67,6 +74,8 @@ def short_runs(
       log_every: the loss is checked for finiteness every this many steps (host syncs).
       per_device_rng: see :func:`~deqjax.training.train_step`.
       progress: a progress bar over the runs (else one printed line per run).
+      parallel: how the steps run over every device: ``"sharded"`` or ``"pmap"``
+        (:func:`~deqjax.training.data_parallel`).
       print_fn: where the per-run lines go.
 
     Returns:
@@ -75,27 +84,27 @@ def short_runs(
       ``loss``, ``nfe`` and ``rel_residual`` (when logged), ``diverged`` (the loss turned
       non-finite), ``steps_run`` and ``seconds``.
     """
-    devices = jax.local_devices()
-    step_fn = make_train_step(loss_fn, optimizer, per_device_rng=per_device_rng, devices=devices)
-    eval_step = make_eval_step(eval_fn, devices=devices)
+    parallel = data_parallel(parallel)
+    step_fn = make_train_step(loss_fn, optimizer, per_device_rng=per_device_rng, parallel=parallel)
+    eval_step = make_eval_step(eval_fn, parallel)
     rows: list[dict] = []
     bar = progress_bar(total=len(runs), enabled=progress, desc="sweep")
     for run in runs:
         t0 = time.perf_counter()
         params = init(**run)
         key = jax.random.PRNGKey(run["seed"])
-        state = replicate(create_train_state(params, optimizer, key), devices)
+        state = parallel.put(create_train_state(params, optimizer, key), STATE_KINDS)
         it = ShuffledBatches(train, batch_size=batch_size, seed=run["seed"])
         diverged = False
         for step in range(num_steps):
-            state, metrics = step_fn(state, shard(next(it), devices))
+            state, metrics = step_fn(state, parallel.put(next(it), SHARDED))
             if (step + 1) % log_every == 0 or step + 1 == num_steps:
-                if not math.isfinite(float(unreplicate(metrics)["loss"])):
+                if not math.isfinite(float(parallel.get(metrics, REPLICATED)["loss"])):
                     diverged = True
                     break
-        last = {k: float(v) for k, v in unreplicate(metrics).items()}
+        last = {k: float(v) for k, v in parallel.get(metrics, REPLICATED).items()}
         batches = eval_batches(test, batch_size=eval_batch_size)
-        ev = evaluate(eval_step, state.params, batches, devices=devices)
+        ev = evaluate(eval_step, state.params, batches, parallel)
         acc = ev["accuracy"] if math.isfinite(ev["accuracy"]) else 0.0
         row = {**run, "test_error": 1.0 - acc}
         row |= {f"test_{k}": v for k, v in ev.items() if k not in ("accuracy", "count")}

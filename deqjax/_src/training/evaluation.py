@@ -10,7 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax._src.training.train_state import TrainState, shard, unreplicate
+from deqjax._src.training.data_parallel import (
+    REPLICATED,
+    SHARDED,
+    STATE_KINDS,
+    DataParallel,
+    data_parallel,
+)
+from deqjax._src.training.train_state import TrainState
 from deqjax._src.training.train_step import AXIS, Metrics, as_float, reduce_metrics
 
 PyTree = Any
@@ -19,21 +26,29 @@ DiagnosticsFn = Callable[[PyTree, PyTree, jax.Array, PyTree], Metrics]
 
 
 def make_eval_step(
-    eval_fn: EvalFn, *, devices: Sequence[jax.Device] | None = None
+    eval_fn: EvalFn,
+    parallel: DataParallel | None = None,
+    *,
+    devices: Sequence[jax.Device] | None = None,
 ) -> Callable[[PyTree, PyTree, jax.Array], Metrics]:
-    """Builds the pmapped evaluation step ``(params, batch, mask) -> sums``.
+    """Builds the data-parallel evaluation step ``(params, batch, mask) -> sums``.
 
     Args:
       eval_fn: ``(params, batch) -> {name: per-example values [B]}`` (e.g. ``{"accuracy":
         argmax == label, "loss": per-example cross entropy}``).
-      devices: devices to map over (default pmap's: every process's local devices).
+      parallel: how the step runs over the devices (:func:`~deqjax.training.data_parallel`).
+      devices: instead of ``parallel``, ``jax.pmap`` over these devices (default: every
+        process's), as ``data_parallel("pmap", devices)``.
 
     Returns:
-      ``eval_step(params, batch, mask)`` with replicated ``params``, sharded ``batch`` and
-      ``mask [num_devices, B]`` (0 on padding, see
-      :func:`~deqjax._src.data.batching.eval_batches`); returns all-device totals
-      ``{name: Σ mask·value, "count": Σ mask}``, and for names ending in ``_max`` the max over
-      real examples. :func:`evaluate` turns them into means.
+      ``eval_step(params, batch, mask)`` with ``params`` placed :data:`REPLICATED`, ``batch`` and
+      ``mask [B]`` (0 on padding, see :func:`~deqjax._src.data.batching.eval_batches`) placed
+      :data:`SHARDED`; returns all-device totals ``{name: Σ mask·value, "count": Σ mask}``
+      (replicated), and for names ending in ``_max`` the max over real examples.
+      :func:`evaluate` turns them into means.
+
+    Raises:
+      ValueError: ``eval_fn`` is not callable, or both ``parallel`` and ``devices`` are given.
     """
     if not callable(eval_fn):
         raise ValueError(f"eval_fn must be callable, got {type(eval_fn).__name__}.")
@@ -55,13 +70,15 @@ def make_eval_step(
                 out[name] = jax.lax.psum(jnp.sum(m * v), AXIS)
         return out
 
-    return jax.pmap(step, axis_name=AXIS, devices=devices)
+    parallel = _parallel(parallel, devices)
+    return parallel.map(step, (REPLICATED, SHARDED, SHARDED), REPLICATED)
 
 
 def evaluate(
     eval_step: Callable[[PyTree, PyTree, jax.Array], Metrics],
     params: PyTree,
     batches: Iterable[tuple[PyTree, np.ndarray]],
+    parallel: DataParallel | None = None,
     *,
     devices: Sequence[jax.Device] | None = None,
 ) -> dict[str, float]:
@@ -69,11 +86,12 @@ def evaluate(
 
     Args:
       eval_step: from :func:`make_eval_step`.
-      params: replicated parameters (``state.params`` of the replicated train state).
+      params: parameters placed :data:`REPLICATED` (``state.params`` of the placed train state).
       batches: ``(batch, mask)`` pairs of this process's shard, e.g. from
         :func:`~deqjax._src.data.batching.eval_batches` (the same number of batches on every
-        process).
-      devices: the devices ``eval_step`` maps over (default local ones).
+        process); placed here.
+      parallel: the ``eval_step``'s (:func:`make_eval_step`).
+      devices: instead of ``parallel``, as in :func:`make_eval_step`.
 
     Returns:
       ``{name: Σ mask·value / Σ mask}`` (``_max`` names: the max), plus ``"count"``, the number
@@ -81,12 +99,11 @@ def evaluate(
     """
     # Every batch's totals stay on the device until one read at the end (no eager device ops
     # per batch: on a GPU each is a dispatch, the first of each kind a compilation).
-    outs = [
-        eval_step(params, shard(batch, devices), shard(mask, devices)) for batch, mask in batches
-    ]
+    parallel = _parallel(parallel, devices)
+    outs = [eval_step(params, *parallel.put((batch, mask), SHARDED)) for batch, mask in batches]
     if not outs:
         raise ValueError("batches is empty: nothing to evaluate.")
-    per_batch = [unreplicate(out) for out in outs]  # all dispatched: reading waits for each
+    per_batch = [parallel.get(out, REPLICATED) for out in outs]  # all dispatched: each waits
     host = {
         k: (np.max if k.endswith("_max") else np.sum)([np.asarray(o[k]) for o in per_batch])
         for k in per_batch[0]
@@ -99,9 +116,12 @@ def evaluate(
 
 
 def make_diagnostics_step(
-    diagnostics_fn: DiagnosticsFn, *, devices: Sequence[jax.Device] | None = None
+    diagnostics_fn: DiagnosticsFn,
+    parallel: DataParallel | None = None,
+    *,
+    devices: Sequence[jax.Device] | None = None,
 ) -> Callable[[TrainState, PyTree], Metrics]:
-    """Builds a pmapped ``(state, batch) -> metrics`` for occasional, costly monitors.
+    """Builds a data-parallel ``(state, batch) -> metrics`` for occasional, costly monitors.
 
     For diagnostics computed every k steps only (backward-solve residual, ‖J‖_F estimate,
     spectral radius). Its key is derived from ``state.rng`` without advancing it, so running it or
@@ -110,7 +130,11 @@ def make_diagnostics_step(
     Args:
       diagnostics_fn: ``(params, batch, key, reg_state) -> {name: scalar}`` (reduced across
         devices by the suffix rule of :func:`~deqjax.training.reduce_metrics`).
-      devices: as in :func:`make_eval_step`.
+      parallel, devices: as in :func:`make_eval_step`.
+
+    Returns:
+      ``step(state, batch)`` with ``state`` placed as :data:`STATE_KINDS` and ``batch``
+      :data:`SHARDED`; the metrics come back :data:`REPLICATED`.
 
     Raises:
       ValueError: if ``diagnostics_fn`` is not callable.
@@ -123,4 +147,12 @@ def make_diagnostics_step(
         metrics = diagnostics_fn(state.params, batch, key, state.reg_state)
         return reduce_metrics(metrics, AXIS)
 
-    return jax.pmap(step, axis_name=AXIS, devices=devices)
+    parallel = _parallel(parallel, devices)
+    return parallel.map(step, (STATE_KINDS, SHARDED), REPLICATED)
+
+
+def _parallel(parallel: DataParallel | None, devices: Sequence[jax.Device] | None) -> DataParallel:
+    """``parallel``, or (given ``devices`` or nothing) ``jax.pmap`` over ``devices``."""
+    if parallel is not None and devices is not None:
+        raise ValueError("pass parallel or devices, not both.")
+    return parallel if parallel is not None else data_parallel("pmap", devices)

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from deqjax._src.training.run_policy import RunPolicy
+
 
 def to_python(value: Any) -> Any:
     """numpy / JAX scalars and arrays -> JSON-able Python.
@@ -93,7 +95,8 @@ RESUME = "resume"
 class MetricsWriter:
     """Appends metric records to a JSONL file, one line per record, flushed at once.
 
-    The file is only ever appended to: a resumed run (``keep_until_step=s``) first appends a
+    The file is only ever appended to (the overwrite/resume policy of
+    :mod:`~deqjax._src.training.run_policy`): a resumed run (``keep_until_step=s``) first appends a
     marker ``{"split": "resume", "step": s}``; :func:`read_jsonl` uses it to drop the records the
     interrupted run logged after step ``s``, so the file reads as one uninterrupted run while
     keeping every line ever written.
@@ -124,13 +127,13 @@ class MetricsWriter:
             return
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         exists = os.path.exists(self.path) and os.path.getsize(self.path) > 0
-        if keep_until_step is None and exists:
-            if not overwrite:
-                raise FileExistsError(
-                    f"{self.path} holds the metrics of an earlier run; resume it, or pass "
-                    f"overwrite=True (--overwrite) to replace it."
-                )
-            os.remove(self.path)
+        policy = RunPolicy(resume=keep_until_step is not None, overwrite=overwrite)
+        refuse = lambda: FileExistsError(  # noqa: E731
+            f"{self.path} holds the metrics of an earlier run; resume it, or pass "
+            f"overwrite=True (--overwrite) to replace it."
+        )
+        for path in policy.to_delete([self.path] if exists else [], refuse):
+            os.remove(path)
         self._file = open(self.path, "a")
         if keep_until_step is not None:
             if exists:

@@ -129,21 +129,3 @@ def unreplicate(tree: PyTree) -> PyTree:
 def stack(tree: PyTree, n: int) -> PyTree:
     """One copy of every leaf per device: ``[n, *x.shape]`` host arrays (a per-device carry)."""
     return jax.tree_util.tree_map(lambda x: np.stack([np.asarray(x)] * n), tree)
-
-
-def state_to_devices(state: TrainState, devices: Sequence[jax.Device]) -> TrainState:
-    """Replicates ``state`` over ``devices``; its carry, already one per device, is split."""
-    state_r = replicate(state._replace(carry=()), devices)
-    carry = jax.device_put(state.carry, device_sharding(devices))
-    return state_r._replace(carry=carry)
-
-
-def state_to_host(state_r: TrainState) -> TrainState:
-    """The first replica of a replicated state on the host, with every local device's carry."""
-
-    def gather(x):
-        shards = sorted(x.addressable_shards, key=lambda sh: sh.index[0].start or 0)
-        return np.concatenate([np.asarray(sh.data) for sh in shards])
-
-    state = unreplicate(state_r._replace(carry=()))
-    return state._replace(carry=jax.tree_util.tree_map(gather, state_r.carry))

@@ -1,0 +1,2 @@
+"""The periodic actions of :func:`~deqjax.training.train_loop`, one per module (public API:
+:mod:`deqjax.training`)."""
