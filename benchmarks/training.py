@@ -1,15 +1,15 @@
-"""The main job's train step: throughput on 1 and 2 CPU devices; NFE and accuracy with/without JR.
+"""The main job's train step: throughput on 1 and several devices; NFE and accuracy with/without JR.
 
 Two parts:
 
 * **Throughput**: the data-parallel train step (``--parallel``) of ``experiments/fashion_mnist.py``
   at its default model and batch (DEQ width 128, Anderson 20 steps / tol 1e-3 forward, implicit
-  Anderson backward, JR ``γ = 1``, ``p = 0.5``), on Fashion-MNIST batches. Median step time over ``--repeats`` steps
-  after a warm-up (compile), examples/s = global batch / step time. Every row runs in a fresh
-  subprocess: the 1-device row on the default backend (the GPU where there is one), the 2-device
-  row with ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` and ``JAX_PLATFORMS=cpu`` (read
-  at JAX start-up): the same global batch split over two CPU "devices" that share the machine's
-  cores. The ``platform`` column says which.
+  Anderson backward, JR ``γ = 1``, ``p = 0.5``), on Fashion-MNIST batches. Median step time over
+  ``--repeats`` steps after a warm-up (compile), examples/s = global batch / step time. Every row
+  runs in a fresh subprocess: the 1-device row on the default backend (the GPU where there is
+  one), rows of several devices with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` and
+  ``JAX_PLATFORMS=cpu`` (read at JAX start-up): the same global batch split over N CPU "devices"
+  that share the machine's cores. The ``platform`` column says which.
 * **JR on/off**: short runs of the main job (``--epochs``, default 1 epoch of the full training
   set) without JR, with JR at a fixed ``γ`` and with the adaptive ``γ``: final test accuracy, mean
   train / test forward NFE, test relative residual, backward residual and spectral radius at the
