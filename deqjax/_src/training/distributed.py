@@ -2,9 +2,10 @@
 
 Every process of a multi-host run calls :func:`initialize_distributed` once, before any other JAX
 call, with the same coordinator address (``host:port`` of process 0) and process count and its own
-process id. Afterwards ``jax.pmap`` collectives span all processes' devices, and each process feeds
-its local devices with its own shard of the data (:class:`~deqjax.data.ShuffledBatches` shards by
-``jax.process_index()``). On CPU the cross-process collectives use gloo (bundled with jaxlib).
+process id. Afterwards the data-parallel step's collectives (sharded or ``jax.pmap``) span all
+processes' devices, and each process feeds its local devices with its own shard of the data
+(:class:`~deqjax.data.ShuffledBatches` shards by ``jax.process_index()``). On CPU the cross-process
+collectives use gloo (bundled with jaxlib).
 """
 
 from __future__ import annotations
