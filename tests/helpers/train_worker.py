@@ -273,6 +273,7 @@ def run_dist(args, out: dict) -> None:
         metrics_path=os.path.join(args.workdir, "metrics.jsonl"),
         progress=False,
         print_fn=None,
+        parallel=args.parallel,
     )
     out["losses"] = [r["loss"] for r in result.history if r["split"] == "train"]
     out["eval"] = [r for r in result.history if r["split"] == "eval"]
@@ -308,6 +309,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--process_id", type=int, default=0)
     parser.add_argument("--num_processes", type=int, default=1)
+    parser.add_argument("--parallel", default="sharded", choices=("sharded", "pmap"))
     args = parser.parse_args()
     out: dict = {}
     {"dp": run_dp, "fit": run_fit, "dist": run_dist}[args.mode](args, out)

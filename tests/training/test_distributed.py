@@ -41,13 +41,14 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_processes_agree(tmp_path):
+@pytest.mark.parametrize("parallel", ["sharded", "pmap"])
+def test_two_processes_agree(tmp_path, parallel):
     port = _free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, WORKER, "dist", tmp_path / f"p{i}.json", "--workdir", tmp_path]
             + ["--port", str(port), "--process_id", str(i), "--num_processes", "2"]
-            + ["--num_steps", "6", "--batch_size", "64"],
+            + ["--num_steps", "6", "--batch_size", "64", "--parallel", parallel],
             env=worker_env(1),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
