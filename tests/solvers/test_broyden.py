@@ -5,8 +5,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from deqjax import solvers
+from deqjax._src.solvers import broyden
 from tests.helpers.solver_problems import (
     KINDS,
     SCALES,
@@ -99,3 +101,61 @@ def test_return_inverse_puts_the_estimate_in_the_solution():
     chunked = solvers.Broyden(tol=1e-12, memory=5, return_inverse=True, batch_ndim=1, check_every=4)
     valid = chunked(lambda z: z @ a.T + 1.0, jnp.zeros((3, 2))).inverse_estimate.valid
     assert valid.shape == (3, 6) and not bool(valid[:, 5].any())
+
+
+def _dense_broyden(f, z0, steps, memory):
+    """Broyden's good method with a dense inverse (float64 numpy): the iterates ``x_0 ..
+    x_{steps - 1}`` and the inverse after the last update. Every ``memory`` updates the inverse
+    restarts from ``-I`` and the pending update is applied to it."""
+    x, h = np.asarray(z0, np.float64), -np.eye(len(z0))
+    xs, x_prev, g_prev = [], None, None
+    for k in range(steps):
+        xs.append(x)
+        g = np.asarray(f(x), np.float64) - x
+        if k > 0:
+            if (k - 1) % memory == 0:
+                h = -np.eye(len(z0))
+            dx, dy = x - x_prev, g - g_prev
+            h_dy = h @ dy
+            denom = dx @ h_dy
+            assert abs(denom) > 1e-200  # no update is skipped on this problem
+            h = h + np.outer(dx - h_dy, dx @ h) / denom
+        x_prev, g_prev = x, g
+        x = x - h @ g
+    return np.stack(xs), h
+
+
+@pytest.mark.parametrize("memory", [3, None])
+@pytest.mark.parametrize("batch_ndim", [0, 1])
+def test_steps_only_form_equals_dense_broyden(memory, batch_ndim):
+    """Without a line search the solver stores only its steps (Kelley's form); its iterates and
+    final inverse estimate are those of the dense good-Broyden update, restarts included."""
+    a, x = noncontractive_problem(d=6)
+    steps = 10
+    xs = np.stack([x, -0.5 * x])
+    solver = solvers.Broyden(
+        tol=0.0,
+        max_steps=steps,
+        memory=memory,
+        return_inverse=True,
+        sample_steps=tuple(range(steps)),
+        batch_ndim=batch_ndim,
+    )
+    if batch_ndim:
+        sols = [jax.jit(lambda: solver(lambda z: jnp.tanh(z @ a.T + xs), jnp.zeros((2, 6))))()]
+    else:
+        sols = [
+            jax.jit(lambda x=x: solver(lambda z: jnp.tanh(a @ z + x), jnp.zeros(6)))() for x in xs
+        ]
+    for i, xi in enumerate(xs):
+        sol = sols[0] if batch_ndim else sols[i]
+        pick = (lambda t, i=i: t[i]) if batch_ndim else (lambda t: t)
+        want_xs, want_h = _dense_broyden(
+            lambda z, xi=xi: np.tanh(a @ z + xi), np.zeros(6), steps, memory or steps
+        )
+        np.testing.assert_allclose(pick(sol.samples), want_xs, rtol=1e-10, atol=1e-12)
+        estimate = jax.tree_util.tree_map(pick, sol.inverse_estimate)
+        got_h = np.stack([broyden.inverse_matvec(estimate, e) for e in jnp.eye(6)], 1)
+        np.testing.assert_allclose(got_h, want_h, rtol=1e-9, atol=1e-11)
+        # The estimate is not just -I, and the restarts (memory 3) were exercised.
+        assert np.max(np.abs(want_h + np.eye(6))) > 1e-2

@@ -1,16 +1,33 @@
 """Broyden's ("good") quasi-Newton method (Broyden 1965) on ``g(z) = f(z) - z``, as in the DEQ
 paper (Bai, Kolter & Koltun 2019, Eq. 10).
 
-The inverse Jacobian of ``g`` is kept in low-rank form ``J^{-1} ≈ -I + U V^T`` (so the first step
-is a plain fixed-point step) and refreshed after each accepted step by the Sherman–Morrison form of
-Broyden's good update:
+The inverse Jacobian ``H ≈ J_g^{-1}`` starts at ``-I`` (so the first step is a plain fixed-point
+step) and after each accepted step ``s = x_+ - x`` (``y = g(x_+) - g(x)``) takes Broyden's good
+update, in its Sherman–Morrison form:
 
-    J^{-1} <- J^{-1} + (dx - J^{-1} dg) dx^T J^{-1} / (dx^T J^{-1} dg),
+    H <- H + (s - H y) s^T H / (s^T H y).
 
-i.e. ``u = (dx - J^{-1} dg) / (v^T dg)`` and ``v = J^{-T} dx``. Each step costs one evaluation of
-``f`` plus ``O(memory * d)`` work; ``J^{-1} dg`` reuses the previous direction, so only one product
-with ``J^{-1}`` and one with ``J^{-T}`` are made per step. An optional backtracking line search
-(Armijo on ``||g||^2``) halves the step along the quasi-Newton direction.
+A finite ``memory`` keeps at most that many updates and then restarts from ``H = -I`` (the pending
+update is applied to ``-I``). Each step costs one evaluation of ``f`` plus ``O(memory * d)`` work.
+
+**Without a line search** every step is ``s_n = -H_n g_n``, and then ``s - H y = s_{n+1} ||s_n||^2
+/ (s_n^T H_n y_n)`` (Kelley, *Iterative Methods for Linear and Nonlinear Equations*, SIAM 1995,
+§7.3): the update is ``H_{n+1} = (I + s_{n+1} s_n^T / ||s_n||^2) H_n``, so the inverse is a product
+of factors ``I + gamma_j c_j d_j^T`` whose vectors are the steps themselves (``d_j = s_j``,
+``c_j = s_{j+1}``, ``gamma_j = 1 / ||s_j||^2``). Only the steps are stored (one history buffer,
+one row written per step), and ``H g`` is rebuilt by Kelley's recursion over the factors made so
+far, reading each stored step twice. The first update after a restart is applied to ``-I``, not to
+the inverse that made its step: its factor keeps its own vector ``c_0 = (s - H y) / (s^T H y)``
+(``gamma_0 = 1``). The step stored is the one made, ``x_{n+1} - x_n`` rounded to the iterate's
+precision (a step below its resolution is zero and makes no update). The iterates are those of the
+two-buffer form (``H = -I + sum u_i v_i^T``, one
+product with ``H`` and one with ``H^T`` per step) up to rounding; a step whose denominator
+``s^T H y`` is tiny or not finite, or whose ``||s||^2`` underflows, makes no update.
+
+**With a line search** (backtracking, Armijo on ``||g||^2``, halving the step along the
+quasi-Newton direction) the steps are not ``-H g``, and the two-buffer form is used: ``H = -I +
+U V^T`` with ``u = (dx - H dg) / (v^T dg)`` and ``v = H^T dx``; ``H dg`` reuses the previous
+direction, so one product with ``H`` and one with ``H^T`` are made per step.
 """
 
 from __future__ import annotations
@@ -20,6 +37,8 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg
+import numpy as np
 
 from deqjax._src import checks, tree
 from deqjax._src.solvers import driver
@@ -106,10 +125,13 @@ def inverse_rmatvec(inverse: BroydenInverse, x: PyTree) -> PyTree:
     return _rmatvec(inverse.us, inverse.vs, x, bn, inverse.valid, None)
 
 
+# --- with a line search: the two-buffer form -----------------------------------------------------
+
+
 class _State(NamedTuple):
     us: PyTree  # [memory, ...] ([*batch, memory, ...]) columns u_i of the low-rank inverse part
     vs: PyTree  # like us: rows v_i^T
-    num_updates: jax.Array  # int32 [*batch]: updates made (line search: the row is this % memory)
+    num_updates: jax.Array  # int32 [*batch]: accepted updates made (the row is this % memory)
     x_base: PyTree  # the last accepted iterate
     g_base: PyTree  # g(x_base)
     direction: PyTree  # the quasi-Newton step -J^{-1} g(x_base) from x_base
@@ -122,9 +144,7 @@ class _Layout(NamedTuple):
 
     mem: int  # updates kept before a restart
     rows: int  # buffer rows (mem, and the scratch row; rounded up to a whole block when blocked)
-    scratch: bool  # row mem takes the batch-native writes of steps after every problem stopped
     blocked: bool  # read only the filled rows, block by block
-    line_search: bool
     bn: int  # batch_ndim
     ids: jax.Array  # int32 [rows]
     lead: tuple[int, ...]  # (1,) * bn
@@ -135,13 +155,13 @@ class _Layout(NamedTuple):
 class _Rows(NamedTuple):
     """Which rows hold the current inverse, and where this step's update goes."""
 
-    pos: jax.Array  # the row of this update (shared, or [*batch] with a line search)
+    pos: jax.Array  # [*batch]: the row of this update (accepted steps differ per problem)
     restart: jax.Array  # the memory is full: the inverse restarts from -I
     valid: jax.Array  # bool [*batch, rows] (or lead + (rows,))
     n_rows: Any  # a bound on the filled rows (blocked reads), else None
 
 
-def _current_rows(s: _State, k: jax.Array, lay: _Layout) -> _Rows:
+def _current_rows(s: _State, lay: _Layout) -> _Rows:
     """The rows of the current inverse.
 
     When the memory is full the inverse restarts from -I (rows are masked out, not cleared): each
@@ -150,20 +170,14 @@ def _current_rows(s: _State, k: jax.Array, lay: _Layout) -> _Rows:
     rho(W)=1.5 problem a ring of 10 left 23% of a batch unconverged after 100 steps, restarting
     converges all of it in 80.
     """
-    if lay.line_search:
-        pos = s.num_updates % lay.mem  # [*batch]: accepted steps differ per problem
-        restart = (pos == 0) & (s.num_updates > 0)
-        valid = lay.ids.reshape(lay.lead + (lay.rows,)) < pos[..., None]
-        return _Rows(pos, restart, valid, jnp.max(pos) if lay.blocked else None)
-    # Every step after the first is an accepted step: the position (k - 1) % mem is shared.
-    pos = jnp.maximum(k - 1, 0) % lay.mem
-    restart = (pos == 0) & (k > 1)
-    valid = (lay.ids < pos).reshape(lay.lead + (lay.rows,))
-    return _Rows(pos, restart, valid, pos if lay.blocked else None)
+    pos = s.num_updates % lay.mem  # [*batch]: accepted steps differ per problem
+    restart = (pos == 0) & (s.num_updates > 0)
+    valid = lay.ids.reshape(lay.lead + (lay.rows,)) < pos[..., None]
+    return _Rows(pos, restart, valid, jnp.max(pos) if lay.blocked else None)
 
 
 def _good_update(s: _State, r: _Rows, k: jax.Array, x: PyTree, gx: PyTree, lay: _Layout):
-    """Broyden's good update from ``(x_base, g_base)`` to ``(x, g(x))``: ``(u, v, ok, J^{-1} g)``
+    """Broyden's good update from ``(x_base, g_base)`` to ``(x, g(x))``: ``(u, v, J^{-1} g)``
     (``u = v = 0`` where the denominator is tiny or not finite: the update is skipped)."""
     bn = lay.bn
     dx = tree.tree_sub(x, s.x_base)
@@ -178,36 +192,7 @@ def _good_update(s: _State, r: _Rows, k: jax.Array, x: PyTree, gx: PyTree, lay: 
     inv_denom = jnp.where(ok, 1.0 / jnp.where(ok, denom, 1.0), 0.0)
     u = tree.tree_scale(inv_denom, tree.tree_sub(dx, jinv_dg), bn)
     v = tree.tree_where(ok, v, tree.tree_zeros_like(v), bn)
-    return u, v, ok, jinv_g
-
-
-def _store(s: _State, r: _Rows, k, accept, ok, running, u: PyTree, v: PyTree, lay: _Layout):
-    """``(us, vs, num_updates)`` with the update ``(u, v)`` stored at row ``r.pos``, for the
-    problems still ``running``: a stopped problem's rows are its inverse estimate, left alone
-    (with a batch, the shared row is written while any problem runs; see :func:`_inverse`)."""
-    if lay.line_search:
-        # A per-problem row, written by a masked select; a rejected trial writes to row -1, which
-        # tree_set_row ignores. A skipped update (tiny or non-finite denominator) writes zero rows
-        # (u = v = 0 adds nothing to J^{-1}).
-        write = accept & (k > 0) & running
-        us = tree.tree_set_row(s.us, jnp.where(write, r.pos, -1), u, lay.bn)
-        vs = tree.tree_set_row(s.vs, jnp.where(write, r.pos, -1), v, lay.bn)
-        return us, vs, s.num_updates + write.astype(jnp.int32)
-    if lay.bn == 0:  # k is batched under vmap: a masked select (row -1: none)
-        row = jnp.where(running, r.pos, -1)
-        us, vs = tree.tree_set_row(s.us, row, u), tree.tree_set_row(s.vs, row, v)
-    else:
-        # The shared row, in place, after every read of the buffers. u is computed from all of
-        # them; v is written where u is finite (where it is not, the row records u's non-finite
-        # entries: the inverse is broken either way) so that it depends on them too. Without
-        # that, XLA may schedule a write before a read, and then copies a buffer every step.
-        # With check_every > 1, once no problem runs (the last steps of a chunk) the update goes
-        # to the scratch row (index mem, never valid), leaving every problem's rows as they are.
-        row = jnp.where(jnp.any(running), r.pos, lay.mem) if lay.scratch else r.pos
-        v = tree.tree_where_finite(u, v)
-        us = tree.tree_put_row(s.us, row, u, lay.bn)
-        vs = tree.tree_put_row(s.vs, row, v, lay.bn)
-    return us, vs, s.num_updates + (ok & running).astype(jnp.int32)
+    return u, v, jinv_g
 
 
 def _armijo_accepts(s: _State, k: jax.Array, gx: PyTree, bn: int) -> jax.Array:
@@ -218,33 +203,27 @@ def _armijo_accepts(s: _State, k: jax.Array, gx: PyTree, bn: int) -> jax.Array:
 
 
 def _propose(lay: _Layout, s: _State, k: jax.Array, x: PyTree, gx: PyTree, running: jax.Array):
-    """One Broyden step: the next iterate and state (a rejected line-search trial halves the step
-    from ``x_base`` instead)."""
+    """One Broyden step with a line search: the next iterate and state (a rejected trial halves
+    the step from ``x_base`` instead)."""
     bn = lay.bn
-    accept = _armijo_accepts(s, k, gx, bn) if lay.line_search else jnp.asarray(True)
-    r = _current_rows(s, k, lay)
-    u, v, ok, jinv_g = _good_update(s, r, k, x, gx, lay)
-    us, vs, num_updates = _store(s, r, k, accept, ok, running, u, v, lay)
+    accept = _armijo_accepts(s, k, gx, bn)
+    r = _current_rows(s, lay)
+    u, v, jinv_g = _good_update(s, r, k, x, gx, lay)
+    # A per-problem row, written by a masked select; a rejected trial (or a stopped problem:
+    # its rows are its inverse estimate) writes to row -1, which tree_set_row ignores. A skipped
+    # update (tiny or non-finite denominator) writes zero rows (u = v = 0 adds nothing).
+    write = accept & (k > 0) & running
+    us = tree.tree_set_row(s.us, jnp.where(write, r.pos, -1), u, bn)
+    vs = tree.tree_set_row(s.vs, jnp.where(write, r.pos, -1), v, bn)
     # New direction -J_new^{-1} g with J_new^{-1} g = J^{-1} g + u (v^T g).
     direction = tree.tree_scale(-1.0, tree.tree_axpy(tree.tree_vdot(v, gx, bn), u, jinv_g, bn), bn)
-    if not lay.line_search:
-        # Every step is accepted (step stays 1, backtracks 0).
-        accepted = s._replace(
-            us=us,
-            vs=vs,
-            num_updates=num_updates,
-            x_base=x,
-            g_base=gx,
-            direction=direction,
-        )
-        return tree.tree_add(x, direction), accepted
     half = s.step / 2
     # Only the small per-problem fields are selected; us/vs were written (or not) above.
     pick = lambda a, b: tree.tree_where(accept, a, b, bn)  # noqa: E731
     new_state = s._replace(
         us=us,
         vs=vs,
-        num_updates=num_updates,
+        num_updates=s.num_updates + write.astype(jnp.int32),
         x_base=pick(x, s.x_base),
         g_base=pick(gx, s.g_base),
         direction=pick(direction, s.direction),
@@ -256,25 +235,203 @@ def _propose(lay: _Layout, s: _State, k: jax.Array, x: PyTree, gx: PyTree, runni
 
 
 def _inverse(lay: _Layout, end: driver.LoopEnd) -> dict[str, BroydenInverse]:
-    """The estimate after each problem's last step (``num_steps`` evaluations of its own)."""
-    s, num_steps = end.state, end.num_steps
-    us, vs, mem = s.us, s.vs, lay.mem
+    """The estimate after each problem's last step: after u accepted updates the current rows
+    are 0 .. (u - 1) % mem (the last restart on)."""
+    s, mem = end.state, lay.mem
     ids = lay.ids.reshape(lay.lead + (lay.rows,))
-    if lay.line_search:
-        # After u updates the current rows are 0 .. (u - 1) % mem (the last restart on).
-        n = jnp.where(s.num_updates > 0, (s.num_updates - 1) % mem + 1, 0)
-        return {"inverse_estimate": BroydenInverse(us, vs, ids < n[..., None])}
-    # The update of a problem's last step (index num_steps - 1) is in row (num_steps - 2) % mem
-    # (row 0 for a single step), and its current rows are 0 .. that row.
-    last = jnp.maximum(num_steps - 2, 0) % mem
-    if lay.bn > 0:
-        # A problem that stopped before the last one of its batch had the shared rows of the
-        # steps until then written after its own rows (zero rows: its iterate no longer moves);
-        # if they wrapped around onto its rows, its estimate restarts from -I. (Rows are written
-        # only while some problem runs, so a loop that checks every k steps writes no more.)
-        intact = (jnp.max(num_steps) - num_steps) <= mem - 1 - last
-        last = jnp.where(intact, last, -1)
-    return {"inverse_estimate": BroydenInverse(us, vs, ids <= last[..., None])}
+    n = jnp.where(s.num_updates > 0, (s.num_updates - 1) % mem + 1, 0)
+    return {"inverse_estimate": BroydenInverse(s.us, s.vs, ids < n[..., None])}
+
+
+# --- without a line search: the steps-only form (Kelley) ------------------------------------------
+
+
+class _Ring(NamedTuple):
+    """The static layout of the steps-only memory.
+
+    The step proposed at loop step ``t`` is stored in slot ``t % ring``: a segment of ``mem``
+    updates (from one restart to the next) reads ``mem + 1`` consecutive steps, the first of them
+    the last step of the segment before, so nothing is moved at a restart.
+    """
+
+    mem: int  # updates kept before a restart
+    ring: int  # mem + 1 slots of steps
+    w_slot: int  # slot ring: the vector c_0 of the first factor after a restart
+    junk: int  # slot ring + 1, read by no factor: where a write that must change nothing goes
+    scan: bool  # the factors in a loop of static trip count (reverse-mode differentiable)
+    bn: int  # batch_ndim
+    rdtype: jnp.dtype
+
+
+class _Steps(NamedTuple):
+    steps: PyTree  # [ring + 2, *batch, ...], slots first: the steps, then c_0, then junk
+    gammas: jax.Array  # [*batch, ring + 2]: gamma_j, in the slot of the factor's d_j (0: no-op)
+    g_base: PyTree  # g at the previous iterate
+    direction: PyTree  # the step from the previous iterate to this one (zeros before the first)
+
+
+def _row(stack: PyTree, slot: jax.Array) -> PyTree:
+    """Slot ``slot`` of every leaf of ``stack`` (slots first: a contiguous ``[*batch, ...]``
+    block, read in place)."""
+    return jax.tree_util.tree_map(
+        lambda s: jax.lax.dynamic_index_in_dim(s, slot, 0, keepdims=False), stack
+    )
+
+
+def _apply_factors(s: _Steps, z: PyTree, start: jax.Array, n: jax.Array, r: _Ring) -> PyTree:
+    """``F_{n-1} ... F_0 z`` per problem, ``F_j = I + gamma_j c_j d_j^T`` the factors of the
+    segment whose first update was made at loop step ``start``: ``d_j`` is the step proposed at
+    loop step ``start - 1 + j``, ``c_0`` the restart's own vector and ``c_j = d_{j+1}`` after it.
+
+    Kelley's recursion, one factor at a time: a trip reads its two rows once (one reduction, one
+    ``axpy``), and only the ``n`` factors made so far are read; on a loop that must be
+    reverse-differentiable, ``mem - 1`` trips with the unused ones masked.
+    """
+    bn = r.bn
+
+    def factor(j, z):
+        d_slot = (start - 1 + j) % r.ring
+        c_slot = jnp.where(j == 0, r.w_slot, (start + j) % r.ring)
+        gamma = jax.lax.dynamic_index_in_dim(s.gammas, d_slot, bn, keepdims=False)
+        if r.scan:
+            gamma = jnp.where(j < n, gamma, 0)
+        coeff = gamma * tree.tree_vdot(_row(s.steps, d_slot), z, bn)
+        return tree.tree_axpy(coeff, _row(s.steps, c_slot), z, bn)
+
+    return jax.lax.fori_loop(0, r.mem - 1 if r.scan else n, factor, z)
+
+
+def _steps_propose(r: _Ring, s: _Steps, k: jax.Array, x: PyTree, gx: PyTree, running: jax.Array):
+    """One Broyden step in the steps-only form: ``(the next iterate, the new state)``.
+
+    With ``H`` the current inverse (``pos`` factors) and ``dx`` the last step, made as
+    ``-H_prev g_base``: ``s - H y = dx - H g + H g_base`` and ``s^T H y = dx^T H g - dx^T H
+    g_base``, where ``H g_base = -dx`` within a segment (``H_prev = H``) and ``-g_base`` at a
+    restart (``H = -I``). The update ``H_+ = (I + u dx^T) H`` has
+    ``u = (dx - H y) / (dx^T H y)``, which within a segment is ``s_new / ||dx||^2``.
+    """
+    bn, tiny = r.bn, jnp.asarray(jnp.finfo(r.rdtype).tiny, r.rdtype)
+    pos = jnp.maximum(k - 1, 0) % r.mem  # factors in the current inverse
+    start = k - pos  # the loop step of this segment's first update
+    first = pos == 0  # H = -I: the first step, or a restart
+    dx = s.direction
+    z = _apply_factors(s, tree.tree_scale(-1.0, gx, bn), start, pos, r)  # H g
+    dz, dd = tree.tree_vdot(dx, z, bn), tree.tree_vdot(dx, dx, bn)
+    # -dx^T H g_base: ||dx||^2 within a segment, dx^T g_base after a restart.
+    base = jnp.where(first, tree.tree_vdot(dx, s.g_base, bn), dd)
+    denom = dz + base  # dx^T H y
+    ok = (k > 0) & (jnp.abs(denom) > tiny) & jnp.isfinite(denom) & (first | (dd > tiny))
+    inv = jnp.where(ok, 1.0 / jnp.where(ok, denom, 1.0), 0.0)
+    # dx - H y = (dx - g_base at a restart, else 0) - z; s_new = -(H g + u dx^T H g).
+    head = tree.tree_where(first, tree.tree_sub(dx, s.g_base), tree.tree_zeros_like(dx), bn)
+    u = tree.tree_scale(inv, tree.tree_sub(head, z), bn)
+    next_x = tree.tree_sub(x, tree.tree_axpy(dz, u, z, bn))
+    # The step as made, rounded to the iterate's precision, is the one stored: it is exactly the
+    # difference of the two iterates (Sterbenz), so a step below the iterate's resolution (at the
+    # arithmetic's floor) is zero and makes no update, where the step computed would update the
+    # inverse with a secant pair the iterates do not satisfy.
+    step = tree.tree_sub(next_x, x)
+    # The factor's coefficient, at the slot of its d_j = dx (the step proposed at loop step k - 1).
+    gamma = jnp.where(ok, jnp.where(first, 1.0, 1.0 / jnp.where(ok & ~first, dd, 1.0)), 0.0)
+    gamma = gamma.astype(r.rdtype)
+    slot, gamma_slot, w_slot = k % r.ring, (k - 1) % r.ring, r.w_slot
+    if bn == 0:  # k is batched under vmap: masked selects (row -1: none)
+        steps = tree.tree_set_row(s.steps, jnp.where(running, slot, -1), step)
+        steps = tree.tree_set_row(steps, jnp.where(running & first, w_slot, -1), u)
+        ids = jnp.arange(r.ring + 2, dtype=jnp.int32)
+        gammas = jnp.where(ids == jnp.where(running, gamma_slot, -1), gamma, s.gammas)
+    else:
+        # Shared slots, written in place (the reads above all come first: every write depends
+        # on z). A stopped problem's slots are its inverse estimate; the shared slots are
+        # written while any problem runs (see _steps_inverse), and once none runs (the last
+        # steps of a check_every chunk) every write goes to the junk slot.
+        live = jnp.any(running)
+        slot = jnp.where(live, slot, r.junk)
+        gamma_slot = jnp.where(live, gamma_slot, r.junk)
+        w_slot = jnp.where(live & first, w_slot, r.junk)
+        steps = tree.tree_put_row(s.steps, w_slot, u)
+        steps = tree.tree_put_row(steps, slot, step)
+        gammas = jax.lax.dynamic_update_index_in_dim(s.gammas, gamma, gamma_slot, bn)
+    return next_x, _Steps(steps, gammas, gx, step)
+
+
+def _gather_rows(stack: PyTree, slots: jax.Array, bn: int) -> PyTree:
+    """Rows ``slots`` (``[*batch, n]``, or ``[n]`` for one problem) of every leaf of ``stack``."""
+
+    def gather(s):
+        idx = slots.reshape(slots.shape + (1,) * (s.ndim - bn - 1))
+        return jnp.take_along_axis(s, jnp.broadcast_to(idx, slots.shape + s.shape[bn + 1 :]), bn)
+
+    return jax.tree_util.tree_map(gather, stack)
+
+
+def _rows_products(a: PyTree, b: PyTree, bn: int) -> jax.Array:
+    """``[<a_j, b_i>]_{j, i}`` per problem (``[*batch, n, n]``), at full precision."""
+    dtype = tree.reduction_dtype(a)
+
+    def gram(x, y):
+        batch, n = x.shape[:bn], x.shape[bn]
+        flat = lambda t: t.reshape((-1, n, int(np.prod(t.shape[bn + 1 :])))).astype(dtype)  # noqa: E731
+        out = jnp.einsum("bjd,bid->bji", flat(x), flat(y), precision=tree.HIGHEST)
+        return out.reshape(batch + (n, n))
+
+    leaves = jax.tree_util.tree_leaves(jax.tree_util.tree_map(gram, a, b))
+    return sum(leaves[1:], leaves[0])
+
+
+def _steps_inverse(r: _Ring, rows: int, end: driver.LoopEnd) -> dict[str, BroydenInverse]:
+    """The estimate after each problem's last step, in the two-buffer form ``-I + U V^T``.
+
+    The factors ``F_j = I + u_j d_j^T`` (``u_j = gamma_j c_j``) give ``u_j`` as they are and
+    ``v_j = H_j^T d_j = -d_j + sum_{i<j} (u_i^T d_j) v_i``: ``V = -(I - L)^{-1} D`` with ``L`` the
+    strictly lower part of ``[d_j^T u_i]``, one small triangular solve and two products, once.
+    The rows are padded to ``rows`` (those of the two-buffer form's memory).
+    """
+    s, n, bn, mem = end.state, end.num_steps, r.bn, r.mem
+    last = n - 1  # the loop step of the last evaluation
+    pos = jnp.maximum(last - 1, 0) % mem
+    start = last - pos
+    n_factors = jnp.where(n >= 2, pos + 1, 0)
+    if bn > 0:
+        # A problem that stopped before the last one of its batch had the shared slots of the
+        # steps until then written after its own; if they wrapped around onto its slots (or a
+        # restart overwrote c_0), its estimate restarts from -I. (Slots are written only while
+        # some problem runs, so a loop that checks every k steps writes no more.)
+        intact = (jnp.max(n) - n) <= mem - 1 - pos
+        n_factors = jnp.where(intact, n_factors, 0)
+    j = jnp.arange(mem, dtype=jnp.int32).reshape((1,) * bn + (mem,))
+    d_slots = (start[..., None] - 1 + j) % r.ring
+    c_slots = jnp.where(j == 0, r.w_slot, (start[..., None] + j) % r.ring)
+    valid = j < n_factors[..., None]  # [*batch, mem]
+    gammas = jnp.where(valid, jnp.take_along_axis(s.gammas, d_slots, bn), 0)
+    zeros = tree.tree_stack_zeros(s.direction, mem, bn)
+    steps = jax.tree_util.tree_map(lambda t: jnp.moveaxis(t, 0, bn), s.steps)  # [*batch, slots]
+    ds = tree.tree_where(valid, _gather_rows(steps, d_slots, bn), zeros, bn + 1)
+    us = jax.tree_util.tree_map(
+        lambda c: c * gammas.reshape(gammas.shape + (1,) * (c.ndim - bn - 1)).astype(c.dtype),
+        tree.tree_where(valid, _gather_rows(steps, c_slots, bn), zeros, bn + 1),
+    )
+    lower = jnp.tril(_rows_products(ds, us, bn), -1)
+    eye = jnp.broadcast_to(jnp.eye(mem, dtype=lower.dtype), lower.shape)
+    a = -jax.scipy.linalg.solve_triangular(eye - lower, eye, lower=True, unit_diagonal=True)
+
+    def combine(d):
+        batch = d.shape[:bn]
+        flat = d.reshape((-1, mem, int(np.prod(d.shape[bn + 1 :]))))
+        out = jnp.einsum(
+            "bji,bid->bjd", a.reshape((-1, mem, mem)).astype(d.dtype), flat, precision=tree.HIGHEST
+        )
+        return out.reshape(batch + d.shape[bn:])
+
+    vs = jax.tree_util.tree_map(combine, ds)
+    pad = lambda t: jnp.pad(t, [(0, 0)] * bn + [(0, rows - mem)] + [(0, 0)] * (t.ndim - bn - 1))  # noqa: E731
+    return {
+        "inverse_estimate": BroydenInverse(
+            jax.tree_util.tree_map(pad, us),
+            jax.tree_util.tree_map(pad, vs),
+            jnp.pad(valid, [(0, 0)] * bn + [(0, rows - mem)]),
+        )
+    }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -301,8 +458,9 @@ class Broyden(driver.DriverSolver):
         otherwise (always with ``memory=None``, and under ``vmap``) it equals the per-problem
         solve's estimate.
 
-    With ``batch_ndim``, the low-rank inverse updates are batched (one ``[*batch, memory, ...]``
-    buffer per factor).
+    Without a line search the memory is one buffer of ``memory + 3`` steps (the steps-only form,
+    see the module docstring); with one, two buffers of ``memory`` rows. With ``batch_ndim``
+    they are batched (``[*batch, rows, ...]``).
     """
 
     memory: int | None = None
@@ -319,8 +477,8 @@ class Broyden(driver.DriverSolver):
         mem = self.max_steps if self.memory is None else self.memory
         # Blocked reads (only the filled rows) for a long memory on a loop that need not be
         # reverse-differentiable (lax.scan needs a static trip count). A batch-native loop that
-        # checks its stopping rule every k > 1 steps runs steps after every problem stopped: their
-        # updates go to one more row (index mem, never valid), so no problem's estimate changes.
+        # checks its stopping rule every k > 1 steps runs steps after every problem stopped: the
+        # estimate keeps a row for them (index mem, never valid).
         bn = problem.batch_ndim
         scratch = bn > 0 and self.loop == "while" and resolve_check_every(self.check_every) > 1
         wanted = mem + int(scratch)
@@ -330,9 +488,7 @@ class Broyden(driver.DriverSolver):
         return _Layout(
             mem=mem,
             rows=rows,
-            scratch=scratch,
             blocked=blocked,
-            line_search=self.line_search,
             bn=bn,
             ids=ids,
             lead=(1,) * bn,
@@ -342,6 +498,8 @@ class Broyden(driver.DriverSolver):
 
     def rule(self, problem: Problem) -> driver.ProposalRule:
         lay = self._layout(problem)
+        if not self.line_search:
+            return self._steps_rule(problem, lay)
         z0, bn = problem.z0, problem.batch_ndim
         zeros = tree.tree_zeros_like(z0)
         state0 = _State(
@@ -360,6 +518,33 @@ class Broyden(driver.DriverSolver):
             return _propose(lay, s, k, x, gx, running)
 
         finish = (lambda end: _inverse(lay, end)) if self.return_inverse else None
+        return driver.ProposalRule(propose, state0, finish=finish)
+
+    def _steps_rule(self, problem: Problem, lay: _Layout) -> driver.ProposalRule:
+        """The proposal rule without a line search (the steps-only form)."""
+        z0, bn = problem.z0, problem.batch_ndim
+        r = _Ring(
+            mem=lay.mem,
+            ring=lay.mem + 1,
+            w_slot=lay.mem + 1,
+            junk=lay.mem + 2,
+            scan=self.loop == "scan",
+            bn=bn,
+            rdtype=problem.rdtype,
+        )
+        zeros = tree.tree_zeros_like(z0)
+        state0 = _Steps(
+            steps=tree.tree_stack_zeros(z0, r.ring + 2),
+            gammas=jnp.zeros(problem.batch_shape + (r.ring + 2,), problem.rdtype),
+            g_base=zeros,
+            direction=zeros,
+        )
+
+        def propose(s, k, x, fx, gx, gx_sq, running):
+            del fx, gx_sq
+            return _steps_propose(r, s, k, x, gx, running)
+
+        finish = (lambda end: _steps_inverse(r, lay.rows, end)) if self.return_inverse else None
         return driver.ProposalRule(propose, state0, finish=finish)
 
 
