@@ -24,9 +24,8 @@ or data, 3 non-finite stop or checkpoint failure, 143 SIGTERM).
 >>> harness.run(EXPERIMENT)  # python mine.py --width 64 --max_steps 12 --resume
 
 Plots (:func:`plot_metrics`, :func:`line_plot`, :func:`plot_panels`, :func:`plot_sweep`) import
-matplotlib when drawn; :func:`short_runs` trains a sweep of short runs (:func:`grid`) through one
-compiled step, :func:`summarize_runs`, :func:`median_rows`, :func:`write_csv` and
-:func:`markdown_table` report it.
+matplotlib when drawn; :func:`grid` lists a sweep's runs, :func:`summarize_runs`,
+:func:`median_rows`, :func:`write_csv` and :func:`markdown_table` report them.
 """
 
 from deqjax._src.harness.cli import parse_config
@@ -71,7 +70,6 @@ from deqjax._src.harness.solver_config import GRADIENTS, SolverConfig, solver_an
 from deqjax._src.harness.sweep import (
     grid,
     median_rows,
-    short_runs,
     summarize_runs,
 )
 from deqjax._src.harness.tables import markdown_table, write_csv
@@ -119,7 +117,6 @@ __all__ = [
     "run",
     "run_until_interrupted",
     "save_figure",
-    "short_runs",
     "solver_and_adjoint",
     "summarize_runs",
     "to_python",

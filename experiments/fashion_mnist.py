@@ -41,9 +41,9 @@ import jax.numpy as jnp
 from deqjax import data, harness, training
 
 if __package__:  # python -m experiments.<name>, or imported as experiments.<name>
-    from experiments.parts import init_sweep, mlp_classifier_config
+    from experiments.parts import init_sweep, mlp_classifier_config, short_runs
 else:  # python experiments/<name>.py: this folder is the first entry of sys.path
-    from parts import init_sweep, mlp_classifier_config
+    from parts import init_sweep, mlp_classifier_config, short_runs
 
 SMOKE = {
     "width": 32,
@@ -170,7 +170,7 @@ def sweep(c: Config, inputs, ctx):
         run_fns = c.model.fns(c.solver, c.regularization, **kw)
         return run_fns.init(jax.random.PRNGKey(seed), first)
 
-    rows = harness.short_runs(
+    rows = short_runs.short_runs(
         c.init_sweep.runs(),
         init=init,
         loss_fn=on_batches.loss,

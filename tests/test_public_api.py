@@ -219,7 +219,6 @@ PUBLIC = {
         "run",
         "run_until_interrupted",
         "save_figure",
-        "short_runs",
         "solver_and_adjoint",
         "summarize_runs",
         "to_python",

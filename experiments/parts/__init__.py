@@ -2,8 +2,8 @@
 experiment uses, kept next to it rather than in the library (``deqjax.harness`` holds what every
 experiment shares). One idea per module, named after it:
 
-* ``mlp_classifier_config``, ``init_sweep``: the main job's model section and its init sweep
-  (``fashion_mnist.py``);
+* ``mlp_classifier_config``, ``init_sweep``, ``short_runs``: the main job's model section, its init
+  sweep and the short runs that train it (``fashion_mnist.py``);
 * ``mdeq_config``: the multiscale DEQ classifier's section (``cifar10_mdeq.py``);
 * ``corpus_config``: the language model's corpus (``language_model.py``);
 * ``stacked_runs``, ``scalar_deq_figure``: runs trained as one and the JR paper's Fig. 5

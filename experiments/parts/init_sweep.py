@@ -2,7 +2,7 @@
 
 The main job's ``--sweep`` (``experiments/fashion_mnist.py``). Flags ``--sweep --sweep_families
 --sweep_scales --sweep_seeds``; :meth:`InitSweepConfig.runs` lists the runs (one per family ×
-scale × seed, trained by :func:`deqjax.harness.short_runs`) and :func:`report_sweep` writes their
+scale × seed, trained by ``short_runs.short_runs``) and :func:`report_sweep` writes their
 rows, their summary and its plot.
 """
 

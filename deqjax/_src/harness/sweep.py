@@ -1,36 +1,17 @@
-"""Sweeps of short training runs: many initialisations through one compiled step, and their tables.
+"""Sweeps' tables: the grid of runs, and their rows summarised by group.
 
-:func:`short_runs` trains one short run per configuration (e.g. init family × scale × seed, the
-init paper's Fig. 5; :func:`grid` lists them), reusing a single compiled train and eval step (only
-the initial parameters and the data order differ), stops a run whose loss turns non-finite and
-evaluates every run as it stands. :func:`summarize_runs` groups the rows (median, mean, min, max
-of one value) and :func:`median_rows` gives the median of every value (e.g. over seeds).
+:func:`grid` lists one configuration per run (e.g. init family × scale × seed);
+:func:`summarize_runs` groups the rows of their results (median, mean, min, max of one value) and
+:func:`median_rows` gives the median of every value (e.g. over seeds). What trains the runs is the
+experiment's own.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
-import optax
-
-from deqjax._src.data.batching import ShuffledBatches, eval_batches
-from deqjax._src.training.data_parallel import (
-    REPLICATED,
-    SHARDED,
-    STATE_KINDS,
-    data_parallel,
-)
-from deqjax._src.training.evaluation import EvalFn, evaluate, make_eval_step
-from deqjax._src.training.metrics import progress_bar
-from deqjax._src.training.train_state import create_train_state
-from deqjax._src.training.train_step import LossFn, make_train_step
-
-PyTree = Any
 
 
 def grid(**axes: Sequence[Any]) -> list[dict]:
@@ -40,85 +21,6 @@ def grid(**axes: Sequence[Any]) -> list[dict]:
     for name, values in axes.items():
         runs = [run | {name: value} for run in runs for value in values]
     return runs
-
-
-def short_runs(
-    runs: Sequence[Mapping[str, Any]],
-    *,
-    init: Callable[..., PyTree],
-    loss_fn: LossFn,
-    optimizer: optax.GradientTransformation,
-    eval_fn: EvalFn,
-    train: Mapping[str, np.ndarray],
-    test: Mapping[str, np.ndarray],
-    batch_size: int,
-    eval_batch_size: int,
-    num_steps: int,
-    log_every: int,
-    per_device_rng: bool = False,
-    progress: bool = True,
-    parallel: str = "sharded",
-    print_fn: Callable[[str], None] | None = print,
-) -> list[dict]:
-    """Trains and evaluates one short run per entry of ``runs``; returns one row per run.
-
-    Args:
-      runs: configurations, each a mapping with a ``"seed"`` (the init key, the training RNG and
-        the data order) and any other keys (copied into the row), e.g. ``family`` and ``scale``.
-      init: ``init(**run) -> params``.
-      loss_fn: ``(params, batch, key, reg_state, step) -> (loss, metrics)`` shared by every run.
-      optimizer: the optax transformation (not wrapped: a non-finite loss ends the run instead).
-      eval_fn: ``(params, batch) -> {name: per-example values}``.
-      train, test: ``{name: array[N, ...]}`` training and evaluation sets.
-      batch_size, eval_batch_size, num_steps: per run.
-      log_every: the loss is checked for finiteness every this many steps (host syncs).
-      per_device_rng: see :func:`~deqjax.training.train_step`.
-      progress: a progress bar over the runs (else one printed line per run).
-      parallel: how the steps run over every device: ``"sharded"`` or ``"pmap"``
-        (:func:`~deqjax.training.data_parallel`).
-      print_fn: where the per-run lines go.
-
-    Returns:
-      Rows: the run's keys, ``test_error`` (1 - accuracy; a non-finite accuracy counts as 0),
-      ``test_<metric>`` for the other eval metrics, ``train_<metric>_last`` for the last step's
-      ``loss``, ``nfe`` and ``rel_residual`` (when logged), ``diverged`` (the loss turned
-      non-finite), ``steps_run`` and ``seconds``.
-    """
-    parallel = data_parallel(parallel)
-    step_fn = make_train_step(loss_fn, optimizer, per_device_rng=per_device_rng, parallel=parallel)
-    eval_step = make_eval_step(eval_fn, parallel)
-    rows: list[dict] = []
-    bar = progress_bar(total=len(runs), enabled=progress, desc="sweep")
-    for run in runs:
-        t0 = time.perf_counter()
-        params = init(**run)
-        key = jax.random.PRNGKey(run["seed"])
-        state = parallel.put(create_train_state(params, optimizer, key), STATE_KINDS)
-        it = ShuffledBatches(train, batch_size=batch_size, seed=run["seed"])
-        diverged = False
-        for step in range(num_steps):
-            state, metrics = step_fn(state, parallel.put(next(it), SHARDED))
-            if (step + 1) % log_every == 0 or step + 1 == num_steps:
-                if not math.isfinite(float(parallel.get(metrics, REPLICATED)["loss"])):
-                    diverged = True
-                    break
-        last = {k: float(v) for k, v in parallel.get(metrics, REPLICATED).items()}
-        batches = eval_batches(test, batch_size=eval_batch_size)
-        ev = evaluate(eval_step, state.params, batches, parallel)
-        acc = ev["accuracy"] if math.isfinite(ev["accuracy"]) else 0.0
-        row = {**run, "test_error": 1.0 - acc}
-        row |= {f"test_{k}": v for k, v in ev.items() if k not in ("accuracy", "count")}
-        row |= {f"train_{k}_last": last[k] for k in ("loss", "nfe", "rel_residual") if k in last}
-        row |= {"diverged": diverged, "steps_run": step + 1, "seconds": time.perf_counter() - t0}
-        rows.append(row)
-        label = " ".join(f"{k} {v}" for k, v in run.items())
-        bar.update(1)
-        bar.set_postfix_str(f"{label}: err {row['test_error']:.3f}")
-        if not progress and print_fn is not None:
-            extra = " DIVERGED" if diverged else ""
-            print_fn(f"{label}: test error {row['test_error']:.4f}{extra}")
-    bar.close()
-    return rows
 
 
 def summarize_runs(
