@@ -25,7 +25,7 @@ or data, 3 non-finite stop or checkpoint failure, 143 SIGTERM).
 
 Plots (:func:`plot_metrics`, :func:`line_plot`, :func:`plot_panels`, :func:`plot_sweep`) import
 matplotlib when drawn; :func:`grid` lists a sweep's runs, :func:`summarize_runs`,
-:func:`median_rows`, :func:`write_csv` and :func:`markdown_table` report them.
+:func:`write_csv` and :func:`markdown_table` report them.
 """
 
 from deqjax._src.harness.cli import parse_config
@@ -69,7 +69,6 @@ from deqjax._src.harness.sequence_config import SequenceModelConfig
 from deqjax._src.harness.solver_config import GRADIENTS, SolverConfig, solver_and_adjoint
 from deqjax._src.harness.sweep import (
     grid,
-    median_rows,
     summarize_runs,
 )
 from deqjax._src.harness.tables import markdown_table, write_csv
@@ -107,7 +106,6 @@ __all__ = [
     "grid",
     "line_plot",
     "markdown_table",
-    "median_rows",
     "parse_config",
     "plot_metrics",
     "plot_panels",

@@ -36,9 +36,9 @@ import deqjax as dq
 from deqjax import harness, models, regularization, training
 
 if __package__:  # python -m experiments.<name>, or imported as experiments.<name>
-    from experiments.parts import scalar_deq_figure, stacked_runs
+    from experiments.parts import scalar_deq_figure, seed_medians, stacked_runs
 else:  # python experiments/<name>.py: this folder is the first entry of sys.path
-    from parts import scalar_deq_figure, stacked_runs
+    from parts import scalar_deq_figure, seed_medians, stacked_runs
 
 MODEL = models.ScalarDEQ(hidden=50)
 ADAPTIVE = {
@@ -187,7 +187,7 @@ def run(c: Config, inputs, ctx) -> dict:
             plot(c, s, runs, params, history, ctx)
     every = [r for rows in per_seed for r in rows]
     harness.write_csv(ctx.path("results.csv"), every)
-    medians = harness.median_rows(every, by=("run",))
+    medians = seed_medians.median_rows(every, by=("run",))
     md = f"Median over seeds {ctx.config['seeds']}:\n\n" + harness.markdown_table(medians)
     ctx.write_text("results.md", md + "\n")
     print(md)

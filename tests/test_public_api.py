@@ -209,7 +209,6 @@ PUBLIC = {
         "grid",
         "line_plot",
         "markdown_table",
-        "median_rows",
         "parse_config",
         "plot_metrics",
         "plot_panels",

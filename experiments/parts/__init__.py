@@ -6,8 +6,8 @@ experiment shares). One idea per module, named after it:
   sweep and the short runs that train it (``fashion_mnist.py``);
 * ``mdeq_config``: the multiscale DEQ classifier's section (``cifar10_mdeq.py``);
 * ``corpus_config``: the language model's corpus (``language_model.py``);
-* ``stacked_runs``, ``scalar_deq_figure``: runs trained as one and the JR paper's Fig. 5
-  (``synthetic_1d.py``).
+* ``stacked_runs``, ``scalar_deq_figure``, ``seed_medians``: runs trained as one, the JR paper's
+  Fig. 5 and the medians over seeds (``synthetic_1d.py``).
 
 They import only ``deqjax``; the library never imports them. An experiment imports them as
 ``experiments.parts`` when it runs as a module (``python -m experiments.<name>``, the tests) and as

@@ -1,9 +1,8 @@
 """Sweeps' tables: the grid of runs, and their rows summarised by group.
 
-:func:`grid` lists one configuration per run (e.g. init family × scale × seed);
-:func:`summarize_runs` groups the rows of their results (median, mean, min, max of one value) and
-:func:`median_rows` gives the median of every value (e.g. over seeds). What trains the runs is the
-experiment's own.
+:func:`grid` lists one configuration per run (e.g. init family × scale × seed) and
+:func:`summarize_runs` groups the rows of their results (median, mean, min, max of one value).
+What trains the runs is the experiment's own.
 """
 
 from __future__ import annotations
@@ -44,17 +43,4 @@ def summarize_runs(
         row |= {f"min_{name}": float(np.min(v)), f"max_{name}": float(np.max(v))}
         row |= {f"mean_{m}": float(np.mean([r[m] for r in rs])) for m in means if m in rs[0]}
         out.append(row)
-    return out
-
-
-def median_rows(rows: Sequence[Mapping[str, Any]], by: Sequence[str]) -> list[dict]:
-    """One row per group of ``by`` values (in first-seen order): those values, then the median
-    of every other key of the group's first row (e.g. the median over seeds of each metric)."""
-    groups: dict[tuple, list] = {}
-    for r in rows:
-        groups.setdefault(tuple(r[k] for k in by), []).append(r)
-    out = []
-    for key, rs in groups.items():
-        values = {k: float(np.median([r[k] for r in rs])) for k in rs[0] if k not in by}
-        out.append(dict(zip(by, key)) | values)
     return out
