@@ -222,7 +222,6 @@ def _placed_step(parallel: str, devices, loss_fn, opt, scale):
         STATE_KINDS,
         data_parallel,
     )
-    from deqjax._src.training.train_step import parallel_update
 
     rng = jax.random.PRNGKey(0)
     par = data_parallel("sharded" if parallel == "jit" else parallel, devices)
@@ -239,7 +238,7 @@ def _placed_step(parallel: str, devices, loss_fn, opt, scale):
         )
     pair = training.train_step(loss_fn, opt, per_device_rng=False, loss_scale=scale)
     return (
-        parallel_update(pair, par),
+        par.map_update(pair.update),
         lambda p: par.put(pair.init(p, rng), STATE_KINDS),
         lambda b: par.put(b, SHARDED),
         lambda m: par.get(m, REPLICATED),

@@ -144,12 +144,7 @@ def short_runs(
     """
     parallel = training.data_parallel(parallel)
     pair = training.train_step(loss_fn, optimizer, per_device_rng=per_device_rng)
-    step_fn = parallel.map(
-        pair.update,
-        (training.STATE_KINDS, training.SHARDED),
-        (training.STATE_KINDS, training.REPLICATED),
-        donate_argnums=(0,),
-    )
+    step_fn = parallel.map_update(pair.update)
     check = StopWhenNonFinite(every_steps=log_every, num_steps=num_steps)
     evaluate = EvaluateAtEnd(eval_fn, test, parallel=parallel, batch_size=eval_batch_size)
     rows: list[dict] = []

@@ -96,9 +96,7 @@ PAIR = dq.training.train_step(loss_fn, optax.sgd(0.05), backward_stats=True)
 
 
 def train(parallel, params, batches, steps, *, save=None, resume=None):
-    step = parallel.map(
-        PAIR.update, (STATE_KINDS, SHARDED), (STATE_KINDS, REPLICATED), donate_argnums=(0,)
-    )
+    step = parallel.map_update(PAIR.update)
     state = parallel.put(PAIR.init(params, jax.random.PRNGKey(0)), STATE_KINDS)
     if resume is not None:
         with dq.training.Checkpointer(resume) as ckpt:

@@ -88,6 +88,17 @@ class DataParallel:
         """``fn`` (written for one device, collectives over ``"batch"``) over the devices."""
         raise NotImplementedError
 
+    def map_update(
+        self, update: Callable[[TrainState, PyTree], tuple[TrainState, PyTree]], *, donate=True
+    ) -> Callable[[TrainState, PyTree], tuple[TrainState, PyTree]]:
+        """A train step's ``update(state, batch) -> (state, metrics)`` (e.g.
+        :func:`~deqjax.training.train_step`'s) over the devices: the state placed as
+        :data:`STATE_KINDS` (its buffers donated), the batch :data:`SHARDED`, the metrics
+        :data:`REPLICATED` (on the device: read them with ``get(metrics, REPLICATED)``)."""
+        donate_argnums = (0,) if donate else ()
+        kinds = (STATE_KINDS, SHARDED), (STATE_KINDS, REPLICATED)
+        return self.map(update, *kinds, donate_argnums=donate_argnums)
+
     def put(self, tree: PyTree, kinds: PyTree) -> PyTree:
         """Places this process's host values (numpy or arrays) on the devices: a
         :data:`SHARDED` leaf holds this process's rows, a :data:`PER_DEVICE` leaf one entry per

@@ -306,9 +306,7 @@ def fit(
                 )
             )
         )
-        update = parallel.map(
-            pair.update, (STATE_KINDS, SHARDED), (STATE_KINDS, REPLICATED), donate_argnums=(0,)
-        )
+        update = parallel.map_update(pair.update)
         out = train_loop(
             update,
             parallel.put(state, STATE_KINDS),

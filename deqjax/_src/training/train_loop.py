@@ -8,8 +8,7 @@ schedule (``every_steps``) and is called after every step; what it measures it r
 this loop with the library's actions; a loop of one's own composes the same parts::
 
     parallel = data_parallel("sharded")
-    update = parallel.map(pair.update, (STATE_KINDS, SHARDED), (STATE_KINDS, REPLICATED),
-                          donate_argnums=(0,))
+    update = parallel.map_update(pair.update)
     batches = (parallel.put(next(data), SHARDED) for _ in itertools.count())
     result = train_loop(update, parallel.put(state, STATE_KINDS), batches, num_steps=1000,
                         actions=[LogMetrics(every_steps=100, num_steps=1000)],

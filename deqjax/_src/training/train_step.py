@@ -25,13 +25,6 @@ import jmp
 import optax
 
 from deqjax._src import adjoints
-from deqjax._src.training.data_parallel import (
-    REPLICATED,
-    SHARDED,
-    STATE_KINDS,
-    DataParallel,
-    data_parallel,
-)
 from deqjax._src.training.train_state import DEVICE_AXIS, TrainState, create_train_state
 
 PyTree = Any
@@ -243,42 +236,3 @@ def _keep_if_skipped(
     metrics["skipped_updates"] = opt_state.total_notfinite.astype(jnp.float32)
     metrics["nonfinite_streak"] = opt_state.notfinite_count.astype(jnp.float32)
     return kept
-
-
-def parallel_update(
-    pair: TrainStep, parallel: DataParallel, *, donate: bool = True
-) -> Callable[[TrainState, PyTree], tuple[TrainState, Metrics]]:
-    """``pair.update`` over ``parallel``'s devices: what :func:`~deqjax.training.fit` steps with.
-
-    Args:
-      pair: the :class:`TrainStep` (built with the default ``axis_name``).
-      parallel: a :class:`~deqjax._src.training.data_parallel.DataParallel` (sharded: ``jax.jit``
-        of ``jax.shard_map``; or ``jax.pmap``).
-      donate: donate the input state's buffers to the output (do not reuse the input state).
-
-    Returns:
-      ``step_fn(state, batch)``: ``state`` placed with ``parallel.put(state, STATE_KINDS)``,
-      ``batch`` with ``parallel.put(batch, SHARDED)``. The metrics stay on device: read them with
-      ``parallel.get(metrics, REPLICATED)`` only when logging.
-    """
-    return parallel.map(
-        pair.update,
-        (STATE_KINDS, SHARDED),
-        (STATE_KINDS, REPLICATED),
-        donate_argnums=(0,) if donate else (),
-    )
-
-
-def make_train_step(
-    loss_fn: LossFn,
-    optimizer: optax.GradientTransformation,
-    *,
-    parallel: DataParallel | None = None,
-    donate: bool = True,
-    **options: Any,
-) -> Callable[[TrainState, PyTree], tuple[TrainState, Metrics]]:
-    """:func:`parallel_update` of ``train_step(loss_fn, optimizer, **options)`` (internal: loops
-    of the library's own, such as the harness's short sweep runs, that step without
-    :func:`~deqjax.training.fit`); ``parallel`` default: sharded over every device."""
-    pair = train_step(loss_fn, optimizer, **options)
-    return parallel_update(pair, parallel or data_parallel(), donate=donate)
