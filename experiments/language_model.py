@@ -75,6 +75,11 @@ def check(c: Config) -> str | None:
 
 
 def setup(c: Config):
+    if c.batch_size % jax.device_count():
+        raise harness.UsageError(
+            f"--batch_size {c.batch_size} must be a multiple of the {jax.device_count()} devices "
+            f"(each device takes an equal share of the streams)."
+        )
     corpus = c.data.load()
     extra = {"data_source": corpus.source, "is_standin": corpus.is_standin}
     return (corpus.vocab_size, corpus.train, corpus.valid), extra | {"tokenizer": corpus.tokenizer}
@@ -92,8 +97,12 @@ def run_model(kind: str, depth: int, c: Config, inputs, ctx) -> dict:
     embed_init = hk.initializers.RandomNormal(0.02)
     model = c.deq.transform(vocab, kind, depth=depth, embed_init=embed_init, compute=c.compute)
     b, t, m = c.batch_size, c.seq_len, (c.mem_len or c.seq_len)
-    mem0 = memory(kind, depth, c, b // jax.device_count())  # fit's carry: per device
-    first = next(data.LMBatches(train, num_streams=b, segment_length=t))
+    per_device = b // jax.device_count()
+    mem0 = memory(kind, depth, c, per_device)  # fit's carry: per device
+    # One device's share of a batch: what the step (and the init) sees.
+    first = jax.tree.map(
+        lambda a: a[:per_device], next(data.LMBatches(train, num_streams=b, segment_length=t))
+    )
     params = model.init(jax.random.PRNGKey(c.run.seed), first["inputs"], mem0, True)
     opt = optax.chain(optax.clip_by_global_norm(c.clip), optax.adam(c.learning_rate))
     loss_fn = dq.models.lm_loss(model, memory_length=m if c.memory else None)

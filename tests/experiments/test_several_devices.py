@@ -1,5 +1,6 @@
-"""The main job on several fake CPU devices: sharded and pmap train like one device, every
-backward on the GMRES fallback; a run on 4 devices resumes on 2 (slow lane)."""
+"""The experiments on several fake CPU devices (slow lane): the main job, sharded and pmap, trains
+like one device with every backward on the GMRES fallback, and a run on 4 devices resumes on 2;
+the language model (a carry per device) gives the same perplexity both ways on 2 devices."""
 
 from __future__ import annotations
 
@@ -23,13 +24,15 @@ FLAGS = ["--smoke", "--dataset", "digits", "--no_jr", "--log_every", "1", "--no_
 FLAGS += ["--bwd_max_steps", "1", "--bwd_tol", "1e-6"]
 
 
-def _main_job(out_dir, devices: int, *flags: str) -> list[dict]:
-    cmd = [sys.executable, "-m", "experiments.fashion_mnist", *FLAGS, "--out_dir", str(out_dir)]
+def _run(name: str, devices: int, *flags: str) -> None:
     env = worker_env(devices) | {"PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [*cmd, *flags], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    cmd = [sys.executable, "-m", f"experiments.{name}", *flags]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def _main_job(out_dir, devices: int, *flags: str) -> list[dict]:
+    _run("fashion_mnist", devices, *FLAGS, "--out_dir", str(out_dir), *flags)
     # read_jsonl drops what an interrupted run logged after the step a resume restored
     records = read_jsonl(os.path.join(out_dir, "metrics.jsonl"))
     return [r for r in records if r.get("split") == "train"]
@@ -56,3 +59,23 @@ def test_a_run_on_four_devices_resumes_on_two(tmp_path):
     assert [r["step"] for r in resumed] == [1, 2, 3]  # step 3 taken again, on 2 devices
     np.testing.assert_allclose(resumed[-1]["loss"], four[-1]["loss"], rtol=1e-5)
     assert json.loads((out / "config.json").read_text())["devices"] == 2
+
+
+def test_the_language_model_on_two_devices_sharded_and_pmap(tmp_path):
+    flags = ["--smoke", "--no_progress", "--models", "deq"]
+    results = {}
+    for mode in ("sharded", "pmap"):
+        out = tmp_path / mode
+        _run("language_model", 2, *flags, "--parallel", mode, "--out_dir", str(out))
+        assert json.loads((out / "config.json").read_text())["parallel"] == mode
+        (results[mode],) = json.loads((out / "results.json").read_text())["results"]
+    assert results["sharded"]["valid_ppl"] == pytest.approx(results["pmap"]["valid_ppl"], rel=1e-5)
+
+
+def test_a_batch_the_devices_cannot_share_is_refused(tmp_path):
+    env = worker_env(2) | {"PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "experiments.language_model", "--smoke", "--batch_size", "3"]
+    cmd += ["--out_dir", str(tmp_path / "lm")]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2
+    assert "--batch_size 3 must be a multiple of the 2 devices" in proc.stdout + proc.stderr
