@@ -112,7 +112,7 @@ def fixed_point(
         through ``params`` or ``x`` (a closure over traced values raises ``ValueError``).
       params: parameters, any pytree.
       x: input, any pytree (its non-float leaves, e.g. token ids or keys, get no gradient).
-      z0: initial state, a pytree of float arrays.
+      z0: initial state, a pytree of float arrays, or of complex arrays (all leaves complex).
       solver: forward solver ``(f_z, z0) -> Solution``, e.g.
         ``dq.solvers.Broyden(max_steps=12)`` or ``functools.partial(dq.solvers.broyden,
         max_steps=12)`` (the two are the same solver: what is passed is turned into a solver
@@ -142,8 +142,8 @@ def fixed_point(
 
     Raises:
       ValueError: if ``f`` or ``solver`` is not callable, ``adjoint`` is not an adjoint, ``z0``
-        is not a float pytree, ``f`` fails on ``z0`` (the message names ``z0``'s and ``x``'s
-        shapes) or changes the state's structure, ``f`` closes over traced values, or
+        is not a float or complex pytree, ``f`` fails on ``z0`` (the message names ``z0``'s and
+        ``x``'s shapes) or changes the state's structure, ``f`` closes over traced values, or
         ``precision`` is not a matmul precision.
 
     Example:
@@ -162,7 +162,7 @@ def fixed_point(
             "OneStepAdjoint(), UnrolledAdjoint(), ShineAdjoint(), ReversibleAdjoint()), got "
             f"{adjoint!r}."
         )
-    tree.check_float_tree(z0, "z0")
+    tree.check_state_tree(z0, "z0")
     if backward_stats is not None and not isinstance(backward_stats, adjoints.BackwardStats):
         raise ValueError(
             "backward_stats must be a dq.BackwardStats probe (dq.BackwardStats.zeros()) or None, "

@@ -72,7 +72,7 @@ def _relative_residual(
     """``‖g + Jᵀu − u‖ / ‖g + Jᵀu‖`` per problem, in ``dtype``."""
     h_u = tree.tree_add(g, jt_u)
     diff = tree.tree_sub(h_u, u)
-    squares = [tree.tree_vdot(diff, diff, batch_ndim), tree.tree_vdot(h_u, h_u, batch_ndim)]
+    squares = [tree.tree_sq_norm(diff, batch_ndim), tree.tree_sq_norm(h_u, batch_ndim)]
     norms = jnp.sqrt(jnp.stack(squares).astype(dtype))
     return norms[0] / (norms[1] + jnp.asarray(1e-30, dtype))
 

@@ -5,12 +5,17 @@ least-squares problem
 
     alpha = argmin ||sum_i alpha_i G_i||^2 + lam' ||alpha||^2   s.t.  sum_i alpha_i = 1,
 
-i.e. ``alpha = H^{-1} 1 / (1^T H^{-1} 1)`` with ``H = G G^T + lam' I``, and mixes
+i.e. ``alpha = H^{-1} 1 / (1^T H^{-1} 1)`` with ``H = G^H G + lam' I`` (the Gram matrix
+``H_ij = <G_i, G_j>``), and mixes
 
     x_{k+1} = beta * sum_i alpha_i f(x_i) + (1 - beta) * sum_i alpha_i x_i
             = sum_i alpha_i (x_i + beta G_i).
 
-The ridge is relative: ``lam' = lam * mean(diag(G G^T))``, so it shrinks with the residuals and
+For a complex state ``<a, b> = sum conj(a) b``: ``H`` is Hermitian positive definite, the
+objective is ``alpha^H H alpha``, and the coefficients ``alpha`` are complex (the constraint stays
+``sum_i alpha_i = 1``, and ``1^T H^{-1} 1 = 1^H H^{-1} 1`` is real). A real state's are real.
+
+The ridge is relative: ``lam' = lam * mean(diag(G^H G))``, so it shrinks with the residuals and
 does not stall at tight tolerances. The Gram matrix is updated one row per step (``O(m d)``) and
 the history stores the mixed rows ``x_i + beta G_i`` next to ``G_i``, so a step reads each of the
 two ``[m, ...]`` buffers once.
@@ -36,17 +41,19 @@ PyTree = Any
 def _gram_with_row(
     gram: jax.Array, gs: PyTree, gx: PyTree, gx_sq: jax.Array, hit: jax.Array, bn: int
 ) -> jax.Array:
-    """``gram`` (``[*batch, m, m]``) with the row and column of slot ``hit`` set to
-    ``<G_i, gx>``: the new iterate replaces that slot, and its own entry is ``gx_sq = <gx, gx>``
-    (the stopping rule's)."""
-    row = jnp.where(hit, gx_sq[..., None], tree.tree_rows_vdot(gs, gx, bn))  # [*batch, m]
+    """``gram`` (``[*batch, m, m]``, ``gram[i, j] = <G_i, G_j>``) with the column of slot ``hit``
+    set to ``<G_i, gx>`` and its row to the conjugates (Hermitian): the new iterate replaces that
+    slot, and its own entry is ``gx_sq = ||gx||^2`` (the stopping rule's)."""
+    rows = tree.tree_rows_vdot(gs, gx, bn)  # [*batch, m]
+    row = jnp.where(hit, gx_sq[..., None].astype(rows.dtype), rows)
     hit_r, hit_c = hit[..., :, None], hit[..., None, :]
-    return jnp.where(hit_r, row[..., None, :], jnp.where(hit_c, row[..., :, None], gram))
+    return jnp.where(hit_r, tree.conj(row)[..., None, :], jnp.where(hit_c, row[..., :, None], gram))
 
 
 def _spd_solve(h: jax.Array, rhs: jax.Array) -> jax.Array:
-    """``h⁻¹ rhs`` for symmetric positive definite ``h`` (``[*batch, m, m]``; ``rhs``
-    ``[*batch, m]``) by Gauss–Jordan elimination without pivoting (stable for SPD matrices).
+    """``h⁻¹ rhs`` for symmetric (Hermitian, if complex) positive definite ``h``
+    (``[*batch, m, m]``; ``rhs`` ``[*batch, m]``) by Gauss–Jordan elimination without pivoting
+    (stable for SPD and HPD matrices).
 
     A ``fori_loop`` of ``m`` steps on the augmented ``[*batch, m, m + 1]`` system, one fused
     kernel each: for the small Gram systems of Anderson acceleration it costs a few µs per solver
@@ -70,16 +77,18 @@ def _mixing_weights(
     gram: jax.Array, valid: jax.Array, lam: float, eye: jax.Array, batch_shape: tuple[int, ...]
 ) -> jax.Array:
     """The coefficients ``alpha = H^{-1} 1 / (1^T H^{-1} 1)`` over the ``valid`` slots (zero on
-    the others), ``H`` the Gram matrix normalised by its mean diagonal plus the ridge ``lam``."""
-    rdtype, m = gram.dtype, gram.shape[-1]
+    the others), ``H`` the Gram matrix normalised by its mean diagonal plus the ridge ``lam``
+    (complex for a complex state's Hermitian ``H``; ``eye`` is in ``H``'s dtype)."""
+    sdtype, m = gram.dtype, gram.shape[-1]
+    diag = jnp.real(jnp.diagonal(gram, axis1=-2, axis2=-1))  # [*batch, m]: ||G_i||^2
+    rdtype = diag.dtype
     tiny = jnp.asarray(jnp.finfo(rdtype).tiny, rdtype)
     both = valid[..., :, None] & valid[..., None, :]
     n_valid = jnp.sum(valid).astype(rdtype)
-    diag = jnp.diagonal(gram, axis1=-2, axis2=-1)  # [*batch, m]
     scale = jnp.maximum(jnp.sum(jnp.where(valid, diag, 0), axis=-1) / n_valid, tiny)
     # Normalised system; unused slots get an identity row and a zero right-hand side.
-    h = jnp.where(both, gram / scale[..., None, None] + lam * eye, eye)  # eye: lead + (m, m)
-    rhs = jnp.broadcast_to(valid.astype(rdtype), batch_shape + (m,))
+    h = jnp.where(both, gram / scale[..., None, None].astype(sdtype) + lam * eye, eye)
+    rhs = jnp.broadcast_to(valid.astype(sdtype), batch_shape + (m,))
     y = _spd_solve(h, rhs)
     # The mixing coefficients carry no gradient: backprop through the ridge-regularised
     # least-squares solve amplifies rounding errors without bound as lam -> 0 (UnrolledAdjoint
@@ -125,7 +134,8 @@ class Anderson(driver.DriverSolver):
         m, beta, lam = self.m, self.beta, self.lam
         z0, bn, batch_shape = problem.z0, problem.batch_ndim, problem.batch_shape
         lead = (1,) * bn  # explicit broadcasting of [m]-shaped masks (rank promotion may be strict)
-        eye = jnp.eye(m, dtype=problem.rdtype).reshape(lead + (m, m))
+        sdtype = tree.scalar_dtype(z0)  # the Gram matrix's: complex for a complex state
+        eye = jnp.eye(m, dtype=sdtype).reshape(lead + (m, m))
         ids = jnp.arange(m, dtype=jnp.int32)
 
         def propose(state, k, x, fx, gx, gx_sq, running):
@@ -162,7 +172,7 @@ class Anderson(driver.DriverSolver):
         state0 = (
             tree.tree_stack_zeros(z0, m, bn),
             tree.tree_stack_zeros(z0, m, bn),
-            jnp.zeros(batch_shape + (m, m), problem.rdtype),
+            jnp.zeros(batch_shape + (m, m), sdtype),
         )
         return driver.ProposalRule(propose, state0)
 
@@ -171,7 +181,8 @@ def anderson(f: Callable[[PyTree], PyTree], z0: PyTree, /, **options) -> Solutio
     """Solves ``z = f(z)`` by Anderson acceleration: ``Anderson(**options)(f, z0)``.
 
     Args:
-      f: the map ``Z -> Z`` over any pytree of float arrays (``(z, aux)`` with ``has_aux``).
+      f: the map ``Z -> Z`` over any pytree of float (or complex) arrays (``(z, aux)`` with
+        ``has_aux``).
       z0: initial iterate.
       **options: the fields of :class:`~deqjax.solvers.Anderson` (``max_steps=50``, ``tol=1e-4``,
         ``stop_mode="rel"``, ``m=5``, ``beta=1.0``, ``lam=1e-4``, ...).

@@ -7,6 +7,10 @@ update, in its Sherman–Morrison form:
 
     H <- H + (s - H y) s^T H / (s^T H y).
 
+For a complex state every transpose is the conjugate transpose (``s^T`` above is ``s^H``, and
+``s^H x = <s, x>``, :func:`deqjax._src.tree.tree_vdot`): the same update of ``C^n``, with
+complex denominators and coefficients.
+
 A finite ``memory`` keeps at most that many updates and then restarts from ``H = -I`` (the pending
 update is applied to ``-I``). Each step costs one evaluation of ``f`` plus ``O(memory * d)`` work.
 
@@ -60,11 +64,13 @@ _BLOCK = 16
 
 
 class BroydenInverse(NamedTuple):
-    """Broyden's final estimate ``J_g^{-1} ≈ -I + sum_{i valid} u_i v_i^T`` of ``g(z) = f(z) - z``.
+    """Broyden's final estimate ``J_g^{-1} ≈ -I + sum_{i valid} u_i v_i^H`` of ``g(z) = f(z) - z``
+    (``v^H = v^T`` for a real state).
 
     Returned in ``Solution.inverse_estimate`` by ``Broyden(return_inverse=True)``. With
     ``g = f - I`` the inverse of the DEQ's ``I - J_f`` is ``-J_g^{-1}``. Apply it with
-    :func:`inverse_matvec` / :func:`inverse_rmatvec` (the transpose, what an adjoint needs).
+    :func:`inverse_matvec` / :func:`inverse_rmatvec` (the transpose, what an adjoint needs in
+    JAX's convention for cotangents).
 
     Attributes:
       us: pytree like ``z0`` with leaves ``[*batch, rows, ...]``: the columns ``u_i``.
@@ -81,7 +87,7 @@ class BroydenInverse(NamedTuple):
 def _lowrank(
     a_stack: PyTree, b_stack: PyTree, x: PyTree, bn: int, valid: jax.Array, n_rows: Any
 ) -> PyTree:
-    """``sum_{i valid} b_i <a_i, x>`` per problem.
+    """``sum_{i valid} b_i <a_i, x>`` per problem (``<a, x> = sum conj(a) x``).
 
     ``n_rows`` is None (read every row) or a traced int bound on the rows that can be valid; then
     the rows are read block by block up to it (the buffers have a multiple of ``_BLOCK`` rows).
@@ -104,12 +110,13 @@ def _lowrank(
 
 
 def _matvec(us: PyTree, vs: PyTree, x: PyTree, bn: int, valid: jax.Array, n_rows: Any) -> PyTree:
-    """``J^{-1} x`` with ``J^{-1} = -I + sum_{i valid} u_i v_i^T`` (per problem)."""
+    """``J^{-1} x`` with ``J^{-1} = -I + sum_{i valid} u_i v_i^H`` (per problem)."""
     return tree.tree_sub(_lowrank(vs, us, x, bn, valid, n_rows), x)
 
 
 def _rmatvec(us: PyTree, vs: PyTree, x: PyTree, bn: int, valid: jax.Array, n_rows: Any) -> PyTree:
-    """``J^{-T} x = -x + sum_{i valid} v_i (u_i^T x)`` (per problem)."""
+    """``J^{-H} x = -x + sum_{i valid} v_i (u_i^H x)`` (per problem; ``J^{-T}`` for a real
+    state)."""
     return tree.tree_sub(_lowrank(us, vs, x, bn, valid, n_rows), x)
 
 
@@ -120,9 +127,15 @@ def inverse_matvec(inverse: BroydenInverse, x: PyTree) -> PyTree:
 
 
 def inverse_rmatvec(inverse: BroydenInverse, x: PyTree) -> PyTree:
-    """``J_g^{-T} x`` for the estimate ``inverse`` (per problem; ``x`` batched like it)."""
+    """``J_g^{-T} x`` for the estimate ``inverse`` (per problem; ``x`` batched like it).
+
+    The plain transpose also for a complex state, ``J^{-T} x = conj(J^{-H} conj(x))``: the map a
+    cotangent goes through in JAX's convention (``jax.vjp`` of ``x -> A x`` is ``A^T``), which is
+    what SHINE's adjoint ``u = -J_g^{-T} g`` needs.
+    """
     bn = inverse.valid.ndim - 1
-    return _rmatvec(inverse.us, inverse.vs, x, bn, inverse.valid, None)
+    x = tree.tree_conj(x)
+    return tree.tree_conj(_rmatvec(inverse.us, inverse.vs, x, bn, inverse.valid, None))
 
 
 # --- with a line search: the two-buffer form -----------------------------------------------------
@@ -183,7 +196,7 @@ def _good_update(s: _State, r: _Rows, k: jax.Array, x: PyTree, gx: PyTree, lay: 
     dx = tree.tree_sub(x, s.x_base)
     jinv_g = _matvec(s.us, s.vs, gx, bn, r.valid, r.n_rows)  # J^{-1} g(x) before the update
     # J^{-1}(g - g_base) = J^{-1} g + direction (direction = -J^{-1} g_base), or, right after a
-    # restart (J^{-1} = -I), J^{-1} g + g_base.
+    # restart (J^{-1} = -I), J^{-1} g + g_base. v = J^{-H} dx, so that v^H y = dx^H J^{-1} y.
     jinv_dg = tree.tree_add(jinv_g, tree.tree_where(r.restart, s.g_base, s.direction, bn))
     v = _rmatvec(s.us, s.vs, dx, bn, r.valid, r.n_rows)
     denom = tree.tree_vdot(v, tree.tree_sub(gx, s.g_base), bn)
@@ -197,7 +210,7 @@ def _good_update(s: _State, r: _Rows, k: jax.Array, x: PyTree, gx: PyTree, lay: 
 
 def _armijo_accepts(s: _State, k: jax.Array, gx: PyTree, bn: int) -> jax.Array:
     """The line search's decision on the trial ``x`` (always accepted at the first step)."""
-    g2, g2_base = tree.tree_vdot(gx, gx, bn), tree.tree_vdot(s.g_base, s.g_base, bn)
+    g2, g2_base = tree.tree_sq_norm(gx, bn), tree.tree_sq_norm(s.g_base, bn)
     sufficient = g2 <= (1.0 - _ARMIJO_C * s.step) * g2_base
     return (k == 0) | sufficient | (s.backtracks >= _MAX_BACKTRACKS) | ~jnp.isfinite(g2)
 
@@ -279,7 +292,7 @@ def _row(stack: PyTree, slot: jax.Array) -> PyTree:
 
 
 def _apply_factors(s: _Steps, z: PyTree, start: jax.Array, n: jax.Array, r: _Ring) -> PyTree:
-    """``F_{n-1} ... F_0 z`` per problem, ``F_j = I + gamma_j c_j d_j^T`` the factors of the
+    """``F_{n-1} ... F_0 z`` per problem, ``F_j = I + gamma_j c_j d_j^H`` the factors of the
     segment whose first update was made at loop step ``start``: ``d_j`` is the step proposed at
     loop step ``start - 1 + j``, ``c_0`` the restart's own vector and ``c_j = d_{j+1}`` after it.
 
@@ -295,7 +308,8 @@ def _apply_factors(s: _Steps, z: PyTree, start: jax.Array, n: jax.Array, r: _Rin
         gamma = jax.lax.dynamic_index_in_dim(s.gammas, d_slot, bn, keepdims=False)
         if r.scan:
             gamma = jnp.where(j < n, gamma, 0)
-        coeff = gamma * tree.tree_vdot(_row(s.steps, d_slot), z, bn)
+        dz = tree.tree_vdot(_row(s.steps, d_slot), z, bn)
+        coeff = gamma.astype(dz.dtype) * dz
         return tree.tree_axpy(coeff, _row(s.steps, c_slot), z, bn)
 
     return jax.lax.fori_loop(0, r.mem - 1 if r.scan else n, factor, z)
@@ -305,10 +319,10 @@ def _steps_propose(r: _Ring, s: _Steps, k: jax.Array, x: PyTree, gx: PyTree, run
     """One Broyden step in the steps-only form: ``(the next iterate, the new state)``.
 
     With ``H`` the current inverse (``pos`` factors) and ``dx`` the last step, made as
-    ``-H_prev g_base``: ``s - H y = dx - H g + H g_base`` and ``s^T H y = dx^T H g - dx^T H
+    ``-H_prev g_base``: ``s - H y = dx - H g + H g_base`` and ``s^H H y = dx^H H g - dx^H H
     g_base``, where ``H g_base = -dx`` within a segment (``H_prev = H``) and ``-g_base`` at a
-    restart (``H = -I``). The update ``H_+ = (I + u dx^T) H`` has
-    ``u = (dx - H y) / (dx^T H y)``, which within a segment is ``s_new / ||dx||^2``.
+    restart (``H = -I``). The update ``H_+ = (I + u dx^H) H`` has
+    ``u = (dx - H y) / (dx^H H y)``, which within a segment is ``s_new / ||dx||^2``.
     """
     bn, tiny = r.bn, jnp.asarray(jnp.finfo(r.rdtype).tiny, r.rdtype)
     pos = jnp.maximum(k - 1, 0) % r.mem  # factors in the current inverse
@@ -316,9 +330,9 @@ def _steps_propose(r: _Ring, s: _Steps, k: jax.Array, x: PyTree, gx: PyTree, run
     first = pos == 0  # H = -I: the first step, or a restart
     dx = s.direction
     z = _apply_factors(s, tree.tree_scale(-1.0, gx, bn), start, pos, r)  # H g
-    dz, dd = tree.tree_vdot(dx, z, bn), tree.tree_vdot(dx, dx, bn)
-    # -dx^T H g_base: ||dx||^2 within a segment, dx^T g_base after a restart.
-    base = jnp.where(first, tree.tree_vdot(dx, s.g_base, bn), dd)
+    dz, dd = tree.tree_vdot(dx, z, bn), tree.tree_sq_norm(dx, bn)
+    # -dx^H H g_base: ||dx||^2 within a segment, dx^H g_base after a restart.
+    base = jnp.where(first, tree.tree_vdot(dx, s.g_base, bn), dd.astype(dz.dtype))
     denom = dz + base  # dx^T H y
     ok = (k > 0) & (jnp.abs(denom) > tiny) & jnp.isfinite(denom) & (first | (dd > tiny))
     inv = jnp.where(ok, 1.0 / jnp.where(ok, denom, 1.0), 0.0)
@@ -366,13 +380,14 @@ def _gather_rows(stack: PyTree, slots: jax.Array, bn: int) -> PyTree:
 
 
 def _rows_products(a: PyTree, b: PyTree, bn: int) -> jax.Array:
-    """``[<a_j, b_i>]_{j, i}`` per problem (``[*batch, n, n]``), at full precision."""
-    dtype = tree.reduction_dtype(a)
+    """``[<b_i, a_j>]_{j, i} = [b_i^H a_j]`` per problem (``[*batch, n, n]``), at full precision
+    (``b_i^T a_j`` for a real state)."""
+    dtype = tree.scalar_dtype(a, b)
 
     def gram(x, y):
         batch, n = x.shape[:bn], x.shape[bn]
         flat = lambda t: t.reshape((-1, n, int(np.prod(t.shape[bn + 1 :])))).astype(dtype)  # noqa: E731
-        out = jnp.einsum("bjd,bid->bji", flat(x), flat(y), precision=tree.HIGHEST)
+        out = jnp.einsum("bjd,bid->bji", flat(x), tree.conj(flat(y)), precision=tree.HIGHEST)
         return out.reshape(batch + (n, n))
 
     leaves = jax.tree_util.tree_leaves(jax.tree_util.tree_map(gram, a, b))
@@ -382,9 +397,10 @@ def _rows_products(a: PyTree, b: PyTree, bn: int) -> jax.Array:
 def _steps_inverse(r: _Ring, rows: int, end: driver.LoopEnd) -> dict[str, BroydenInverse]:
     """The estimate after each problem's last step, in the two-buffer form ``-I + U V^T``.
 
-    The factors ``F_j = I + u_j d_j^T`` (``u_j = gamma_j c_j``) give ``u_j`` as they are and
-    ``v_j = H_j^T d_j = -d_j + sum_{i<j} (u_i^T d_j) v_i``: ``V = -(I - L)^{-1} D`` with ``L`` the
-    strictly lower part of ``[d_j^T u_i]``, one small triangular solve and two products, once.
+    The factors ``F_j = I + u_j d_j^H`` (``u_j = gamma_j c_j``) give ``u_j`` as they are and
+    ``v_j = H_j^H d_j = -d_j + sum_{i<j} (u_i^H d_j) v_i``: ``V = -(I - L)^{-1} D`` with ``L`` the
+    strictly lower part of ``[u_i^H d_j]_{j, i}``, one small triangular solve and two products,
+    once.
     The rows are padded to ``rows`` (those of the two-buffer form's memory).
     """
     s, n, bn, mem = end.state, end.num_steps, r.bn, r.mem

@@ -9,9 +9,16 @@ the unused ones zero); the cycle ends with ``u ← u + V_n y``, ``y`` the least-
 ``min ‖β e₁ − H̄ y‖`` (``β = ‖r‖``, Givens rotations and back substitution). An Arnoldi step
 whose new vector vanishes below ``eps ‖A v‖`` (an invariant subspace: ``u + V y`` is exact)
 ends the cycle early. The Krylov workspace (the basis, ``H̄``, the least squares) is held in the
-problem's reduction dtype: float32 for a bfloat16 or float16 state (a half-precision basis loses
-its orthogonality within a few steps), float64 for
-float64; the iterate and every argument of ``f`` keep the state's dtype.
+problem's scalar dtype (:func:`deqjax._src.tree.scalar_dtype`): float32 for a bfloat16 or float16
+state (a half-precision basis loses its orthogonality within a few steps), float64 for float64,
+complex64 / complex128 for a complex state; the iterate and every argument of ``f`` keep the
+state's dtype.
+
+A complex state is solved in ``C^n`` (``f`` must be affine over ``C``, i.e. ``L`` complex-linear):
+the projections are ``V^H w`` (conjugated basis), ``H̄`` is complex, and its least squares uses
+complex Givens rotations ``[[conj(c), conj(s)], [-s, c]]`` with ``c = a / r``, ``s = b / r``,
+``r = sqrt(|a|^2 + |b|^2)`` (unitary, and they zero the subdiagonal); for a real state these are
+the usual real rotations.
 
 With ``batch_ndim = n`` every quantity of a cycle is per problem (the projections, norms, ``β``,
 the step ``s``, ``H̄`` and its least squares): the cycles start at the same steps for the whole
@@ -77,10 +84,11 @@ def _flat(a: jax.Array, bn: int, keep_last: bool = False) -> jax.Array:
 
 
 def _project(basis: PyTree, w: PyTree, bn: int) -> jax.Array:
-    """``Vᵀ w`` per problem: ``[*batch, n + 1]``."""
+    """``Vᴴ w`` per problem: ``[*batch, n + 1]`` (``Vᵀ w`` for a real state)."""
 
     def one(vs, a):
-        out = jnp.einsum("pfn,pf->pn", _flat(vs, bn, True), _flat(a, bn), precision=tree.HIGHEST)
+        flat_v = tree.conj(_flat(vs, bn, True))
+        out = jnp.einsum("pfn,pf->pn", flat_v, _flat(a, bn), precision=tree.HIGHEST)
         return out.reshape(a.shape[:bn] + vs.shape[-1:])
 
     return jax.tree_util.tree_reduce(jnp.add, jax.tree_util.tree_map(one, basis, w))
@@ -103,13 +111,21 @@ def _combine(basis: PyTree, y: jax.Array, bn: int) -> PyTree:
 
 
 def _up(t: PyTree, rdtype: jnp.dtype) -> PyTree:
-    """``t`` in the reduction dtype (float32 for half-precision states, float64 for float64)."""
+    """``t`` in the workspace dtype (float32 for half-precision states, float64 for float64,
+    the complex counterparts for a complex state)."""
     return jax.tree_util.tree_map(lambda a: a.astype(rdtype), t)
 
 
 def _like(t: PyTree, ref: PyTree) -> PyTree:
     """``t`` in the dtypes of ``ref``'s leaves (the state's own dtype)."""
     return jax.tree_util.tree_map(lambda a, r: a.astype(r.dtype), t, ref)
+
+
+def _abs_sq(a: jax.Array) -> jax.Array:
+    """``|a|^2`` elementwise, real (``a * a`` for a real array)."""
+    if tree.is_complex_dtype(a.dtype):
+        return jnp.real(a) ** 2 + jnp.imag(a) ** 2
+    return a * a
 
 
 def _hessenberg_lstsq(hess: jax.Array, beta: jax.Array) -> jax.Array:
@@ -120,8 +136,10 @@ def _hessenberg_lstsq(hess: jax.Array, beta: jax.Array) -> jax.Array:
     SVD per cycle inside the solver's loop hung XLA:CPU with several devices (pmap over 4 fake
     devices), and the rotations are backward stable where normal equations would square the
     condition number. A zero pivot (a column that was never built, a problem whose cycle is all
-    zeros) gives that ``y_j = 0``."""
+    zeros) gives that ``y_j = 0``. Complex ``H̄``: complex rotations (see the module
+    docstring)."""
     n = hess.shape[-2]
+    cplx = tree.is_complex_dtype(hess.dtype)
     h = jnp.swapaxes(hess, -1, -2)  # [*batch, n + 1, n]: H̄
     g = jnp.where(jnp.arange(n + 1) == 0, beta[..., None].astype(h.dtype), 0.0)  # [*batch, n + 1]
     rows = jnp.arange(n + 1)[:, None]
@@ -132,19 +150,24 @@ def _hessenberg_lstsq(hess: jax.Array, beta: jax.Array) -> jax.Array:
         h_k = jax.lax.dynamic_index_in_dim(h, j + 1, -2, False)
         a = jax.lax.dynamic_index_in_dim(h_j, j, -1, False)  # [*batch]
         b = jax.lax.dynamic_index_in_dim(h_k, j, -1, False)
-        r = jnp.hypot(a, b)
-        safe = r > 0
+        r = jnp.hypot(jnp.abs(a), jnp.abs(b)).astype(h.dtype) if cplx else jnp.hypot(a, b)
+        safe = (jnp.abs(r) if cplx else r) > 0
         c = jnp.where(safe, a / jnp.where(safe, r, 1.0), 1.0)
         sn = jnp.where(safe, b / jnp.where(safe, r, 1.0), 0.0)
         hj = jax.lax.dynamic_index_in_dim(h, j, -2)  # [*batch, 1, n]
         hk = jax.lax.dynamic_index_in_dim(h, j + 1, -2)
         gj = jax.lax.dynamic_index_in_dim(g, j, -1)  # [*batch, 1]
         gk = jax.lax.dynamic_index_in_dim(g, j + 1, -1)
+        # [[conj(c), conj(s)], [-s, c]]: unitary, and it zeros row j + 1's entry j.
         c3, s3 = c[..., None, None], sn[..., None, None]
-        h = jnp.where(rows == j, c3 * hj + s3 * hk, jnp.where(rows == j + 1, c3 * hk - s3 * hj, h))
+        cc3, cs3 = tree.conj(c3), tree.conj(s3)
+        h = jnp.where(
+            rows == j, cc3 * hj + cs3 * hk, jnp.where(rows == j + 1, c3 * hk - s3 * hj, h)
+        )
         ids = jnp.arange(n + 1)
         c2, s2 = c[..., None], sn[..., None]
-        g = jnp.where(ids == j, c2 * gj + s2 * gk, jnp.where(ids == j + 1, c2 * gk - s2 * gj, g))
+        cc2, cs2 = tree.conj(c2), tree.conj(s2)
+        g = jnp.where(ids == j, cc2 * gj + cs2 * gk, jnp.where(ids == j + 1, c2 * gk - s2 * gj, g))
         return h, g
 
     h, g = jax.lax.fori_loop(0, n, rotate, (h, g))
@@ -187,7 +210,7 @@ class _Carry(NamedTuple):
     book: stopping.Book  # per-problem residuals, status, trace
     basis: PyTree  # leaves [..., n + 1]: V of the current cycle (columns not yet built are zero)
     hess: jax.Array  # [*batch, n, n + 1]: row j is column j of H̄ (identity rows until built)
-    f_base: PyTree  # f at the cycle's starting iterate, in the reduction dtype
+    f_base: PyTree  # f at the cycle's starting iterate, in the workspace dtype
 
 
 class _Setup(NamedTuple):
@@ -213,6 +236,7 @@ def _body(s: _Setup):
     program."""
     problem, rule, n = s.problem, s.rule, s.n
     bn, rdtype = problem.batch_ndim, problem.rdtype
+    wdtype = tree.scalar_dtype(problem.z0)  # the workspace's: complex for a complex state
     cols = jnp.arange(n + 1, dtype=jnp.int32)
     eps = jnp.finfo(rdtype).eps
     lead = (1,) * bn  # [n + 1]-shaped masks broadcast against [*batch, n + 1]
@@ -223,7 +247,7 @@ def _body(s: _Setup):
         at_u = c.scalars[_STEP] == 0
         j = jnp.maximum(c.scalars[_STEP].astype(jnp.int32) - 1, 0)
         v = jax.tree_util.tree_map(lambda a: a[..., j], c.basis)
-        away = tree.tree_add(_up(c.u, rdtype), tree.tree_scale(spread, v, bn))
+        away = tree.tree_add(_up(c.u, wdtype), tree.tree_scale(spread, v, bn))
         x = tree.tree_where(at_u, c.u, _like(away, c.u))
         fx, aux = problem.fn(x)
         # The judgement of f(u), charged as jax.scipy's restarted GMRES is: 2 for the start, a cycle
@@ -243,9 +267,9 @@ def _body(s: _Setup):
         finite, improved, book = judged.residuals.finite, judged.improved, judged.book
         # A cycle starts from u, or from the best iterate where f(u) is not finite.
         u = tree.tree_where(finite, c.u, c.best_u, bn)
-        f_base = _up(tree.tree_where(finite, fx, c.best_fu, bn), rdtype)
-        r = tree.tree_sub(f_base, _up(u, rdtype))
-        lv = tree.tree_scale(1.0 / spread, tree.tree_sub(_up(fx, rdtype), c.f_base), bn)
+        f_base = _up(tree.tree_where(finite, fx, c.best_fu, bn), wdtype)
+        r = tree.tree_sub(f_base, _up(u, wdtype))
+        lv = tree.tree_scale(1.0 / spread, tree.tree_sub(_up(fx, wdtype), c.f_base), bn)
         av = tree.tree_sub(v, lv)
         w = tree.tree_where(at_u, r, av)
         # Classical Gram–Schmidt against the basis (none at a cycle's start), per problem.
@@ -260,7 +284,8 @@ def _body(s: _Setup):
         target = jnp.asarray(rule.tol, rdtype) * judged.residuals.scale
         need = book.running & (w_norm > target)
         w_norm = jnp.where(at_u & ~need, 0.0, w_norm)
-        thresh = eps * jnp.sqrt(jnp.where(at_u, 1.0, jnp.sum(h * h, axis=-1) + w_norm * w_norm))
+        h_sq = jnp.sum(_abs_sq(h), axis=-1)
+        thresh = eps * jnp.sqrt(jnp.where(at_u, 1.0, h_sq + w_norm * w_norm))
         unit, w_norm = _normalize(w, w_norm, thresh, bn)
         slot = jnp.where(at_u, 0, j + 1)
         basis = jax.tree_util.tree_map(
@@ -268,7 +293,9 @@ def _body(s: _Setup):
             c.basis,
             unit,
         )
-        row = jnp.where((cols == j + 1).reshape(lead + (n + 1,)), w_norm[..., None], h)
+        row = jnp.where(
+            (cols == j + 1).reshape(lead + (n + 1,)), w_norm[..., None].astype(wdtype), h
+        )
         fresh = jnp.eye(n, n + 1, dtype=c.hess.dtype)
         built = (cols[:n] == j).reshape(lead + (n, 1))
         hess = jnp.where(at_u, fresh, jnp.where(built, row[..., None, :], c.hess))
@@ -276,7 +303,7 @@ def _body(s: _Setup):
 
         def update() -> PyTree:
             step = _cycle_update(basis, hess, beta, bn)
-            return _like(tree.tree_add(_up(c.u, rdtype), step), c.u)
+            return _like(tree.tree_add(_up(c.u, wdtype), step), c.u)
 
         u = tree.tree_where(at_u, u, jax.lax.cond(done, update, lambda: c.u))
         step = jnp.where(at_u, jnp.where(jnp.any(need), 1, 0), jnp.where(done, 0, j + 2))
@@ -317,8 +344,9 @@ def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
     """Restarted GMRES with cycles of ``n`` Arnoldi steps on the affine ``problem`` (see the
     module docstring), stopping by ``rule`` (:func:`~deqjax._src.solvers.stopping.krylov_rule`)."""
     z0, rdtype = problem.z0, problem.rdtype
+    wdtype = tree.scalar_dtype(z0)
     s = _Setup(problem, rule, n, n + 3)
-    basis = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape + (n + 1,), rdtype), z0)
+    basis = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape + (n + 1,), wdtype), z0)
     init = _Carry(
         scalars=jnp.zeros((2,), rdtype),  # k, step
         per_problem=jnp.broadcast_to(jnp.asarray([0, 1], rdtype), problem.batch_shape + (2,)),
@@ -328,8 +356,8 @@ def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
         best_aux=problem.aux0,
         book=stopping.initial_book(problem.batch_shape, rule.max_steps, rdtype),
         basis=basis,
-        hess=jnp.broadcast_to(jnp.eye(n, n + 1, dtype=rdtype), problem.batch_shape + (n, n + 1)),
-        f_base=_up(z0, rdtype),
+        hess=jnp.broadcast_to(jnp.eye(n, n + 1, dtype=wdtype), problem.batch_shape + (n, n + 1)),
+        f_base=_up(z0, wdtype),
     )
     c = jax.lax.while_loop(lambda c: jnp.any(c.book.running), _body(s), init)
     return solution_of(c, problem, rule)

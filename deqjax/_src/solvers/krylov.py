@@ -13,9 +13,14 @@ itself:
 * :func:`bicgstab` — BiCGStab (van der Vorst 1992) on the same system
   (:func:`deqjax._src.solvers.krylov_chunks.bicgstab`);
 * :func:`normal_cg` — conjugate gradients on the normal equations
-  ``(I − L)ᵀ(I − L) u = (I − L)ᵀ b`` (CGNR): converges for any nonsingular ``I − L``, at the
-  price of a squared condition number and one extra (transposed) product per iteration
-  (:func:`deqjax._src.solvers.krylov_chunks.normal_cg`).
+  ``(I − L)ᴴ(I − L) u = (I − L)ᴴ b`` (CGNR; ``ᴴ = ᵀ`` for a real state): converges for any
+  nonsingular ``I − L``, at the price of a squared condition number and one extra (transposed)
+  product per iteration (:func:`deqjax._src.solvers.krylov_chunks.normal_cg`).
+
+Complex states (``complex64``, ``complex128``) are solved in ``C^n`` with the Hermitian inner
+product (:mod:`deqjax._src.tree`): GMRES and BiCGStab need ``L`` complex-linear (for the implicit
+backward: a cell holomorphic in ``z``); CG on the normal equations keeps real step sizes and needs
+``L`` only real-linear (a cell through ``conj(z)``, ``abs``, ``real``, ``imag``).
 
 Each takes the affine map ``f`` (``b = f(0)`` and ``L u = f(u) − b`` are read off it) and a start
 ``z0``, i.e. it has the signature of every deqjax solver, ``(f, z0) -> Solution``, so it plugs in
@@ -96,7 +101,12 @@ class _Carry(NamedTuple):
 
 
 def _operators(fn: Callable, z0: PyTree, b: PyTree, needs_transpose: bool) -> tuple[MapFn, ...]:
-    """``A u = (I - L) u = u - (f(u) - b)``, and with ``needs_transpose`` also ``Aᵀ``."""
+    """``A u = (I - L) u = u - (f(u) - b)``, and with ``needs_transpose`` also ``Aᴴ``.
+
+    ``Aᴴ v = conj(Aᵀ conj(v))`` with ``Aᵀ`` JAX's VJP: the adjoint of ``A`` for the inner product
+    ``Re<a, b>`` (for a complex-linear ``A``, its conjugate transpose; ``Aᵀ`` for a real state,
+    where no conjugation is applied).
+    """
 
     def matvec(u: PyTree) -> PyTree:
         return tree.tree_sub(u, tree.tree_sub(fn(u)[0], b))
@@ -106,7 +116,7 @@ def _operators(fn: Callable, z0: PyTree, b: PyTree, needs_transpose: bool) -> tu
     # (I - L)^T by differentiating the (linear) product; for the adjoint map this is a JVP of the
     # cell (the transpose of its VJP).
     _, vjp_a = jax.vjp(matvec, z0)
-    return matvec, lambda v: vjp_a(v)[0]
+    return matvec, lambda v: tree.tree_conj(vjp_a(tree.tree_conj(v))[0])
 
 
 def _chunk_step(problem: Problem, rule: stopping.StoppingRule, method: _Chunks, operators, b):
@@ -278,15 +288,15 @@ class BiCGStab(_Chunked):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class NormalCG(_Chunked):
-    """CG on the normal equations ``AᵀA u = Aᵀb``, ``A = I − L``, for ``u = f(u) = b + L u`` (CGNR).
+    """CG on the normal equations ``AᴴA u = Aᴴb``, ``A = I − L``, for ``u = f(u) = b + L u`` (CGNR).
 
-    Per problem (:func:`deqjax._src.solvers.krylov_chunks.normal_cg`). ``AᵀA`` is symmetric
-    positive definite for any
-    nonsingular ``A``, so CG converges without the eigenvalue conditions of the fixed-point
-    solvers, but at the rate of ``cond(A)²``. Each iteration costs one product with ``A`` (a VJP
-    of the cell, for the adjoint map) and one with ``Aᵀ`` (a JVP, by differentiating the former);
-    a chunk costs ``2 chunk + 4`` evaluations. CG's internal stopping test is on the
-    normal-equation residual; deqjax's own test on ``‖f(u) − u‖`` after each chunk decides.
+    Per problem (:func:`deqjax._src.solvers.krylov_chunks.normal_cg`). ``AᴴA`` is symmetric
+    (Hermitian, for a complex state) positive definite for any nonsingular ``A``, so CG converges
+    without the eigenvalue conditions of the fixed-point solvers, but at the rate of ``cond(A)²``.
+    Each iteration costs one product with ``A`` (a VJP of the cell, for the adjoint map) and one
+    with ``Aᴴ`` (a JVP, by differentiating the former); a chunk costs ``2 chunk + 4``
+    evaluations. CG's internal stopping test is on the normal-equation residual; deqjax's own
+    test on ``‖f(u) − u‖`` after each chunk decides.
 
     Attributes:
       chunk: CG iterations between two residual checks.

@@ -12,6 +12,13 @@ depending on the others.) Every product with ``A`` or ``Aᵀ`` is one evaluation
 batch (a VJP or a JVP of the cell, for the implicit backward).
 
 Breakdowns (a zero denominator) stop the problem where it is; its true residual then decides.
+
+Complex states: the inner products are Hermitian (``<a, b> = sum conj(a) b``,
+:func:`deqjax._src.tree.tree_vdot`). BiCGStab's scalars ``rho``, ``alpha``, ``omega`` are then
+complex (``omega = <t, s> / <t, t>``), and ``A`` must be complex-linear. CG on the normal
+equations runs on ``AᴴA`` with ``Aᴴ`` the adjoint for the real inner product ``Re<a, b>``; its
+scalars are real (``alpha = ||r||² / Re<p, AᴴA p>``), so it is CG on ``R^{2n}`` and needs ``A``
+only real-linear.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ def bicgstab(
     """At most ``iters`` BiCGStab iterations (van der Vorst 1992) on ``A x = b`` from ``x0``, per
     problem; a problem stops once ``‖r‖ <= target`` (``[*batch]``) or at a breakdown."""
     r0 = tree.tree_sub(b, matvec(x0))
-    ones = jnp.ones_like(target)
+    ones = jnp.ones(target.shape, tree.scalar_dtype(x0))  # complex for a complex state
     zeros = tree.tree_zeros_like(x0)
     active0 = tree.tree_norm(r0, bn) > target
 
@@ -60,7 +67,8 @@ def bicgstab(
         s = tree.tree_axpy(-alpha_new, v_new, r, bn)
         s_small = tree.tree_norm(s, bn) <= target
         t = matvec(s)
-        omega_new, ok4 = _div(tree.tree_vdot(t, s, bn), tree.tree_vdot(t, t, bn))
+        t_sq = tree.tree_sq_norm(t, bn).astype(ones.dtype)
+        omega_new, ok4 = _div(tree.tree_vdot(t, s, bn), t_sq)
         omega_new = jnp.where(s_small, omega, omega_new)
         x_new = tree.tree_axpy(alpha_new, p_new, x, bn)
         x_new = tree.tree_axpy(jnp.where(s_small, 0.0, omega_new), s, x_new, bn)
@@ -94,11 +102,12 @@ def normal_cg(
     iters: int,
     bn: int,
 ) -> PyTree:
-    """At most ``iters`` CG iterations on the normal equations ``AᵀA x = Aᵀb`` from ``x0``, per
-    problem; a problem stops once its normal residual ``‖Aᵀ(b − A x)‖ <= target`` or at a
-    breakdown."""
+    """At most ``iters`` CG iterations on the normal equations ``AᴴA x = Aᴴb`` from ``x0``, per
+    problem; a problem stops once its normal residual ``‖Aᴴ(b − A x)‖ <= target`` or at a
+    breakdown. ``rmatvec`` is ``Aᴴ`` (``Aᵀ`` for a real state); the step sizes are real:
+    ``alpha = ‖r‖² / Re<p, AᴴA p>``, ``beta = ‖r_new‖² / ‖r‖²``."""
     r0 = rmatvec(tree.tree_sub(b, matvec(x0)))
-    rs0 = tree.tree_vdot(r0, r0, bn)
+    rs0 = tree.tree_sq_norm(r0, bn)
 
     def cond(c):
         return (c[0] < iters) & jnp.any(c[-1])
@@ -106,10 +115,10 @@ def normal_cg(
     def body(c):
         i, x, r, p, rs, active = c
         q = rmatvec(matvec(p))
-        alpha, ok = _div(rs, tree.tree_vdot(p, q, bn))
+        alpha, ok = _div(rs, jnp.real(tree.tree_vdot(p, q, bn)))
         x_new = tree.tree_axpy(alpha, p, x, bn)
         r_new = tree.tree_axpy(-alpha, q, r, bn)
-        rs_new = tree.tree_vdot(r_new, r_new, bn)
+        rs_new = tree.tree_sq_norm(r_new, bn)
         beta, ok_beta = _div(rs_new, rs)
         p_new = tree.tree_axpy(beta, p, r_new, bn)
         move = active & ok & ok_beta

@@ -1,8 +1,9 @@
 """The problem ``z = f(z)`` a solver is called on: ``(f, z0)`` validated once per call.
 
 :func:`check_problem` checks that ``f`` maps ``z0``'s pytree to one of the same structure, shapes
-and dtypes (one abstract evaluation, ``jax.eval_shape``), that ``z0`` is a float pytree with the
-declared batch axes, and, with ``has_aux``, that ``f`` returns a pair ``(z, aux)``. The same
+and dtypes (one abstract evaluation, ``jax.eval_shape``), that ``z0`` is a float or complex pytree
+(:func:`deqjax._src.tree.check_state_tree`: all leaves real, or all complex) with the declared
+batch axes, and, with ``has_aux``, that ``f`` returns a pair ``(z, aux)``. The same
 abstract evaluation tells whether ``f``'s products run at reduced matmul precision
 (:func:`deqjax._src.precision.full_twin`): then the problem carries ``f`` at full precision too,
 for the check of the solve's result (:mod:`deqjax._src.solvers.verify`). It returns the
@@ -31,7 +32,9 @@ class Problem(NamedTuple):
       z0: the start, every leaf a JAX array.
       batch_ndim: leading axes of every leaf that index independent problems.
       batch_shape: those axes' sizes.
-      rdtype: the dtype of the reductions (norms, residuals): ``tree.reduction_dtype(z0)``.
+      rdtype: the (real) dtype of the reductions (norms, residuals): ``tree.reduction_dtype(z0)``.
+        A solver's own scalars (inner products, Gram matrices, Krylov workspace) are in
+        ``tree.scalar_dtype(z0)``: ``rdtype``, or its complex counterpart for a complex state.
       aux0: zeros like ``f``'s ``aux`` (``()`` without ``has_aux``): what a solver's carry holds
         before the first evaluation.
       has_aux: whether ``f`` returns ``(z, aux)``.
@@ -116,7 +119,7 @@ def check_problem(f: Callable, z0: PyTree, *, batch_ndim: int, has_aux: bool) ->
     """
     if not callable(f):
         raise ValueError(f"f must be callable, got {type(f).__name__}.")
-    tree.check_float_tree(z0, "z0")
+    tree.check_state_tree(z0, "z0")
     z0 = jax.tree_util.tree_map(jnp.asarray, z0)
     batch_shape = _check_batch_axes(z0, batch_ndim) if batch_ndim else ()
     with precision_lib.watching() as watch:  # a new function: eval_shape caches by function

@@ -10,6 +10,9 @@ Residuals, by ``stop_mode``:
   combined rule ``||f(x) - x|| <= atol + tol * ||x||`` (``atol`` defaults to ``tol``: the scale is
   ``1 + ||x||``). It reaches a fixed point at 0, where ``"rel"`` stalls (its denominator vanishes).
 
+Norms are Euclidean and real, also for a complex state (``||g||^2 = sum |g_i|^2``, in
+:func:`deqjax._src.tree.reduction_dtype`: float32 for complex64, float64 for complex128).
+
 Status, checked in this order:
 
 1. ``r_k <= tol``                                      -> ``CONVERGED``
@@ -116,7 +119,7 @@ def check_resolvable(tol: float, stop_mode: str, z0: PyTree) -> None:
     if stop_mode == "abs" or not tol > 0:
         return
     dtypes = {jnp.result_type(leaf) for leaf in jax.tree_util.tree_leaves(z0)}
-    floats = [d for d in dtypes if jnp.issubdtype(d, jnp.floating)]
+    floats = [d for d in dtypes if jnp.issubdtype(d, jnp.inexact)]  # complex: its parts' eps
     if not floats:
         return
     coarse = max(floats, key=lambda d: float(jnp.finfo(d).eps))
@@ -220,12 +223,13 @@ def initial_book(batch_shape: tuple[int, ...], max_steps: int, rdtype: jnp.dtype
 
 
 def _squared_norms(trees: list[PyTree], batch_ndim: int, dtype: jnp.dtype) -> jax.Array:
-    """``[||t||^2 for t in trees]`` per problem, ``[len(trees), *batch]``.
+    """``[||t||^2 for t in trees]`` per problem, ``[len(trees), *batch]`` (real: a complex
+    entry contributes ``|t_i|^2``).
 
     One reduction per tree and leaf, each reading its operands where they are: stacking the
     trees first would copy them into a new buffer (a full extra pass over the state per step).
     """
-    return jnp.stack([tree.tree_vdot(t, t, batch_ndim) for t in trees])
+    return jnp.stack([tree.tree_sq_norm(t, batch_ndim) for t in trees])
 
 
 class Residuals(NamedTuple):
