@@ -168,6 +168,7 @@ def fixed_point(
             "backward_stats must be a dq.BackwardStats probe (dq.BackwardStats.zeros()) or None, "
             f"got {type(backward_stats).__name__}."
         )
+    adjoint.check_inputs(params, x)
     static = (solver, adjoint, has_aux, precision_lib.check_precision(precision))
     args = (params, x, z0, backward_stats)
     out = compiled.run(_run_compiled, f, static, args, traced_operands=False)

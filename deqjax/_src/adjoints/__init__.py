@@ -7,6 +7,8 @@ file per idea:
 * ``backward_stats.py`` — :class:`BackwardStats`, the gradient channel of the backward's statistics.
 * ``implicit.py`` — :class:`ImplicitAdjoint`, the exact implicit-function-theorem gradient (DEQ
   paper, Thm. 1) with a VJP-only backward solve, its fallback and failure policy.
+* ``forward_mode.py`` — ``ImplicitAdjoint(forward_mode=True)``: the same gradient as a
+  ``jax.custom_jvp`` whose tangent is a linear solve, so ``jax.jvp``/``jacfwd``/``hessian`` work.
 * ``phantom.py`` — :class:`PhantomAdjoint`, a few damped steps from ``z*`` (Geng et al. 2021).
 * ``one_step.py`` — :class:`OneStepAdjoint`, Jacobian-free backprop (Fung et al. 2022).
 * ``unrolled.py`` — :class:`UnrolledAdjoint`, backprop through every solver step (O(steps) memory).
@@ -15,7 +17,8 @@ file per idea:
   (McCallum, Arora, Foster 2025).
 
 Three of them need their own backward pass, hence three ``jax.custom_vjp`` sites: implicit, SHINE
-and reversible. The strategies and ``BackwardStats`` are re-exported here (public as ``dq.*``).
+and reversible; forward mode is the one ``jax.custom_jvp`` site. The strategies and
+``BackwardStats`` are re-exported here (public as ``dq.*``).
 """
 
 from deqjax._src.adjoints.backward_stats import BackwardStats as BackwardStats

@@ -31,6 +31,14 @@ class Adjoint:
     argument of ``jax.jit``) and implements :meth:`solve`.
     """
 
+    def check_inputs(self, params: PyTree, x: PyTree) -> None:
+        """Raises ``ValueError`` for inputs this strategy cannot differentiate (e.g. ``jax.jvp``
+        tangents on a reverse-mode-only path), before any tracing; by default accepts all.
+
+        :func:`deqjax.fixed_point` calls it where the caller's tracers are still visible (an
+        eager call runs the solve inside a program of its own, where they are not)."""
+        del params, x
+
     def solve(
         self,
         f: CellFn,

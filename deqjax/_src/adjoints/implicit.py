@@ -13,7 +13,9 @@ from the forward pass, so memory does not depend on the number of forward steps.
 deqjax has three ``jax.custom_vjp`` sites, one per backward pass that autodiff of the forward
 cannot give: :func:`implicit_fixed_point` here (the backward solve), SHINE's (``shine.py``: the
 forward Broyden inverse estimate in place of the solve) and the reversible adjoint's
-(``reversible.py``: the solver's steps reversed).
+(``reversible.py``: the solver's steps reversed). ``ImplicitAdjoint(forward_mode=True)`` solves
+through a ``jax.custom_jvp`` instead (``forward_mode.py``), whose tangent solve and transposed
+solve are :meth:`BackwardConfig.tangent` and :meth:`BackwardConfig.adjoint` below.
 
 The backward solve is reported and robust (:func:`solve_adjoint`, shared with SHINE's fallback and
 :func:`deqjax.jacobian.backward_convergence`): a first solve with the configured solver; where it
@@ -37,6 +39,7 @@ from deqjax._src import precision as precision_lib
 from deqjax._src import tree
 from deqjax._src.adjoints import backward_stats as stats_lib
 from deqjax._src.adjoints import base as adjoint_base
+from deqjax._src.adjoints import forward_mode as forward_mode_lib
 from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import solution
 from deqjax._src.solvers.base import Solver
@@ -88,6 +91,35 @@ class BackwardConfig:
     on_failure: str = "best"
     fallback_above: float = 0.0
     batch_ndim: int = 0
+
+    def adjoint(
+        self,
+        f: CellFn,
+        params: PyTree,
+        x: PyTree,
+        z_star: PyTree,
+        cotangent: PyTree,
+        forward_rel_residual: jax.Array | float = 0.0,
+    ) -> AdjointResult:
+        """The backward solve ``u = g + J_f(z*)ᵀ u`` at ``(params, x, z*)``
+        (:func:`solve_adjoint`), for the forward-mode path's ``transpose_solve``."""
+        vjp = linearise(f, params, x, z_star)
+        return solve_adjoint(vjp, cotangent, self, forward_rel_residual)
+
+    def tangent(
+        self,
+        f: CellFn,
+        params: PyTree,
+        x: PyTree,
+        z_star: PyTree,
+        rhs: PyTree,
+        forward_rel_residual: jax.Array | float = 0.0,
+    ) -> PyTree:
+        """The forward-mode tangent ``ż = b + J_f(z*) ż``, i.e. ``ż = (I − J_f(z*))⁻¹ b``
+        (:func:`tangent_map`), solved as the backward is: this solver, the fallback, the
+        failure policy (``"one_step"``: ``ż = b``)."""
+        h = tangent_map(f, params, x, z_star, rhs)
+        return solve_linear(h, rhs, self, forward_rel_residual).u
 
 
 def _batched(solver: Solver, batch_ndim: int) -> Solver:
@@ -194,6 +226,28 @@ def adjoint_map(vjp: Callable, cotangent: PyTree) -> Callable[[PyTree], PyTree]:
         return at(vjp)
     full = None if vjp.full is None else at(vjp.full)
     return precision_lib.TwinMap(at(vjp.vjp), full, vjp.precision)
+
+
+def tangent_map(
+    f: CellFn, params: PyTree, x: PyTree, z_star: PyTree, rhs: PyTree
+) -> Callable[[PyTree], PyTree]:
+    """``v ↦ b + J_f(z*) v``: the forward-mode twin of :func:`adjoint_map`, with JVPs.
+
+    Its fixed point is the tangent of the implicit function theorem, ``ż = (I − J_f(z*))⁻¹ b``
+    with ``b = ∂f/∂θ θ̇ + ∂f/∂x ẋ``. ``f`` is linearised in ``z`` once (``jax.linearize``), so a
+    solver's loop evaluates the linear map alone. Where ``f`` runs at a reduced matmul precision
+    the map is a :class:`~deqjax._src.precision.TwinMap` that carries the same map at full
+    precision, for the check of the solve (as :func:`adjoint_map` does).
+    """
+
+    def at(cell: CellFn) -> Callable[[PyTree], PyTree]:
+        jvp = jax.linearize(lambda z: cell(params, x, z), z_star)[1]
+        return lambda v: tree.tree_add(rhs, jvp(v))
+
+    with precision_lib.watching() as watch:
+        h = at(f)
+    full, precision = precision_lib.full_twin(f, watch)
+    return precision_lib.TwinMap(h, None if full is None else at(full), precision)
 
 
 def backward_solve(
@@ -328,8 +382,22 @@ def solve_adjoint(
       ``num_steps`` counts both solves, residuals and ``status`` are final, and ``trace`` is the
       first solve's; and the summed :class:`~deqjax.BackwardStats`.
     """
-    h = adjoint_map(vjp, cotangent)
-    first = config.solver(h, cotangent)
+    return solve_linear(adjoint_map(vjp, cotangent), cotangent, config, forward_rel_residual)
+
+
+def solve_linear(
+    h: Callable[[PyTree], PyTree],
+    rhs: PyTree,
+    config: BackwardConfig,
+    forward_rel_residual: jax.Array | float = 0.0,
+) -> AdjointResult:
+    """The fixed point of the affine map ``h(v) = rhs + A v``: first solve from ``v0 = rhs``,
+    fallback where it failed, failure policy (``"one_step"`` gives ``v = rhs``).
+
+    The steps of :func:`solve_adjoint`, for any such map: ``A = J_f(z*)ᵀ`` there (the adjoint,
+    :func:`adjoint_map`), ``A = J_f(z*)`` for the forward-mode tangent (:func:`tangent_map`).
+    """
+    first = config.solver(h, rhs)
     need = needs_fallback(first, config.fallback_above, forward_rel_residual)
     if config.fallback is None:
         end, fallbacks = _Outcome.of(first), jnp.zeros_like(need)
@@ -337,7 +405,7 @@ def solve_adjoint(
         end = _run_fallback(config.fallback, h, first, need, config.batch_ndim)
         fallbacks = need
     failed = end.status != solution.CONVERGED
-    u = apply_failure_policy(config.on_failure, end.value, failed, cotangent, config.batch_ndim)
+    u = apply_failure_policy(config.on_failure, end.value, failed, rhs, config.batch_ndim)
     # The count comes from the status values (not its static size): see stats_lib.summed.
     stats = stats_lib.summed(end.status >= 0, end.num_steps, end.rel_residual, failed, fallbacks)
     return AdjointResult(u, first._replace(**end._asdict()), stats)
@@ -453,8 +521,19 @@ class ImplicitAdjoint(adjoint_base.Adjoint):
         ``optax.apply_if_finite`` to skip such steps); ``"one_step"`` the Jacobian-free gradient
         ``u = g``. Divergence of a fixed-point backward solve is detected reliably only with
         ``stop_mode="abs"``: a geometrically growing ``u`` keeps a constant relative residual.
+      forward_mode: ``True``: the ``jax.custom_jvp`` path (forward and reverse mode, any order);
+        ``False`` (default): the ``jax.custom_vjp`` path (reverse mode, first order).
 
-    The backward solve is not itself differentiable (no gradients of gradients).
+    Forward mode (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``, ``jax.hessian``, and gradients
+    of gradients) needs ``forward_mode=True``: the layer is then a ``jax.custom_jvp`` whose
+    tangent solves ``(I − ∂f/∂z) ż = ∂f/∂θ θ̇ + ∂f/∂x ẋ`` at ``z*`` with ``solver``, ``fallback``
+    and ``on_failure`` as above, through ``jax.lax.custom_linear_solve`` whose transposed solve
+    is this backward (``jax.grad`` still works, with the same statistics). The default
+    (``False``) is the ``jax.custom_vjp`` of the backward alone: reverse mode only (a ``jvp``
+    through it raises a ``ValueError`` naming ``forward_mode=True``), and its gradient is not
+    itself differentiable. ``forward_mode=True`` costs a ``grad`` one more linearisation of
+    ``f`` at ``z*`` and the tracing of the tangent solve (see ``docs/design.md``, "Forward
+    mode").
 
     Example:
       >>> adjoint = dq.ImplicitAdjoint(solver=dq.solvers.GMRES(tol=1e-6))
@@ -470,6 +549,7 @@ class ImplicitAdjoint(adjoint_base.Adjoint):
     fallback: Solver | str | None = "gmres"
     on_failure: str = "best"
     fallback_factor: float = 10.0
+    forward_mode: bool = False
 
     def __post_init__(self):
         if self.solver is not None:
@@ -487,6 +567,14 @@ class ImplicitAdjoint(adjoint_base.Adjoint):
             raise ValueError(f"fallback_factor must be >= 1, got {self.fallback_factor!r}.")
         if self.on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}.")
+        if not isinstance(self.forward_mode, bool):
+            raise ValueError(f"forward_mode must be a bool, got {self.forward_mode!r}.")
+
+    def check_inputs(self, params: PyTree, x: PyTree) -> None:
+        """``ValueError`` naming ``forward_mode=True`` where the default path meets a ``jax.jvp``
+        tangent (see :func:`~deqjax._src.adjoints.forward_mode.refuse_forward_mode`)."""
+        if not self.forward_mode:
+            forward_mode_lib.refuse_forward_mode("dq.ImplicitAdjoint()", params, x)
 
     def backward_config(self, forward_solver: Solver) -> BackwardConfig:
         """The resolved backward for a (normalised) forward solver: its ``batch_ndim``, and this
@@ -501,7 +589,9 @@ class ImplicitAdjoint(adjoint_base.Adjoint):
         )
 
     def solve(self, f, solver, params, x, z0, *, backward_stats=None):
-        z_star, sol = implicit_fixed_point(
-            f, solver, self.backward_config(solver), params, x, z0, backward_stats
+        self.check_inputs(params, x)
+        layer = (
+            forward_mode_lib.forward_mode_fixed_point if self.forward_mode else implicit_fixed_point
         )
+        z_star, sol = layer(f, solver, self.backward_config(solver), params, x, z0, backward_stats)
         return z_star, adjoint_base.stop_statistics(sol, z_star)
