@@ -17,6 +17,7 @@ import pytest
 
 import deqjax as dq
 from deqjax._src import compiled
+from deqjax._src import fixed_point as fixed_point_lib
 
 D = 8
 MAPS_SLACK = 4  # the allocator may map a page or two; compiled code maps tens per program
@@ -238,6 +239,81 @@ def test_under_transformations_runs_inline():
     np.testing.assert_allclose(batched[1], dq.fixed_point(cell, P, -X, Z0)[0], rtol=1e-10)
     _, scanned = jax.lax.scan(lambda c, x: (c, dq.fixed_point(cell, P, x, Z0)[0]), 0.0, xs)
     np.testing.assert_allclose(scanned, batched, rtol=1e-10)
+
+
+def _record_staged(seen, name):
+    def f(x):
+        seen[name] = compiled.staged()
+        return x
+
+    return f
+
+
+def test_staged_tells_staging_traces_from_eager_transformations():
+    """``staged`` (public JAX API only) is True under every trace that stages out and False under
+    evaluation and eager ``grad``/``jvp``/``vmap``/``linearize``."""
+    seen = {}
+    rec = functools.partial(_record_staged, seen)
+    x = jnp.ones(3)
+    rec("eval")(x)
+    jax.grad(lambda y: rec("grad")(y).sum())(x)
+    jax.jvp(rec("jvp"), (x,), (x,))
+    jax.vmap(rec("vmap"))(x)
+    jax.linearize(rec("linearize"), x)
+    jax.vmap(jax.grad(lambda y: rec("vmap_of_grad")(y).sum()))(x[None])
+    jax.hessian(lambda y: rec("hessian")(y).sum())(x)
+    eager_names = set(seen)
+    jax.jit(rec("jit"))(x)
+    jax.lax.scan(lambda c, _: (rec("scan")(c), None), x, None, length=1)
+    jax.eval_shape(rec("eval_shape"), x)
+    jax.checkpoint(rec("checkpoint"))(x)
+    jax.pmap(rec("pmap"))(x[None])
+    jax.lax.cond(True, rec("cond"), lambda y: y, x)
+    jax.jit(jax.grad(lambda y: rec("grad_in_jit")(y).sum()))(x)
+    jax.lax.scan(
+        lambda c, _: (jax.grad(lambda y: rec("grad_in_scan")(y).sum())(c), None), x, None, length=1
+    )
+    assert {name for name, staged in seen.items() if not staged} == eager_names
+    assert len(seen) == len(eager_names) + 8
+
+
+def test_staged_call_with_concrete_inputs_runs_the_program_inline():
+    """Under ``jit`` with no traced input (numpy constants) the cached program is called: JAX
+    inlines it into the caller's program, and the value is the eager one."""
+    w = np.asarray(P["W"])
+
+    def solve():
+        return dq.solvers.anderson(
+            lambda z: np.float64(0.5) * jnp.tanh(w @ z) + 1.0, np.zeros(D)
+        ).value
+
+    want = solve()
+    got = jax.jit(solve)()
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def _python_warm_start(f, z0):
+    """A user's solver with Python control flow on values (it cannot be traced): plain
+    iterations to a loose tolerance, then Anderson."""
+    z = z0
+    while float(jnp.max(jnp.abs(f(z) - z))) > 1e-2:
+        z = f(z)
+    return dq.solvers.anderson(f, z)
+
+
+def test_untraceable_user_solver_under_eager_grad_runs_unjitted():
+    """A backward solve with the user's solver runs after the call returned, where a failure to
+    trace could not fall back: under an eager ``grad`` the solve runs un-jitted."""
+    with lookups() as keys:
+        g = jax.grad(loss_of(solver=_python_warm_start))(P)
+    # no program of dq.fixed_point's (the Anderson the user's solver calls runs its own)
+    assert not [k for k in keys if k[0] is fixed_point_lib._run_compiled]
+    assert keys  # the inner Anderson calls are looked up: the test sees lookups
+    want = jax.grad(loss_of())(P)
+    np.testing.assert_allclose(g["W"], want["W"], rtol=1e-3, atol=1e-6)
+    # eagerly, without a transformation, its program fails to trace and it runs un-jitted too
+    z = dq.fixed_point(cell, P, X, Z0, solver=_python_warm_start)[0]
+    np.testing.assert_allclose(z, dq.fixed_point(cell, P, X, Z0)[0], rtol=1e-3)
 
 
 def test_closure_over_traced_array_still_raises():

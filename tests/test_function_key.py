@@ -4,8 +4,9 @@ import functools
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from deqjax._src.function_key import rebuild, split_callable
+from deqjax._src.function_key import haiku_own_attributes, rebuild, split_callable
 
 GLOBAL_SHIFT = jnp.ones(3)
 
@@ -40,3 +41,33 @@ def test_split_callable_partials_and_unkeyable_values():
     unhashable = {1, 2}
     assert split_callable(lambda z: z * len(unhashable)) is not None  # a set is frozen
     assert split_callable(lambda z: z + [z][0]) is not None
+
+
+def test_haiku_modules_are_keyed_by_class_name_and_their_own_attributes():
+    """A new module per ``apply`` of the same model is the same key (Haiku's bookkeeping, new on
+    every ``transform`` call, is left out); its class's attributes and its name are in the key;
+    an array attribute is an operand."""
+    hk = pytest.importorskip("haiku")
+
+    class Scale(hk.Module):
+        def __init__(self, k, w, name=None):
+            super().__init__(name=name)
+            self.k, self.w = k, w
+
+        def __call__(self, z):
+            return self.k * (self.w @ z)
+
+    def split(k=2.0, w=None, name=None):
+        w = jnp.eye(3) if w is None else w
+        return hk.transform(lambda: split_callable(Scale(k, w, name=name))).apply({}, None)
+
+    own = haiku_own_attributes(hk)
+    assert "module_name" in own and not {"k", "w"} & own
+    key, (again, ops_again) = split()[0], split(w=2.0 * jnp.eye(3))
+    assert key == again and hash(key) == hash(again)
+    assert len(ops_again) == 1 and float(ops_again[0][0, 0]) == 2.0
+    assert split(k=3.0)[0] != key
+    assert split(name="other")[0] != key
+    z = jnp.arange(3.0)
+    out = hk.transform(lambda: rebuild(key, ops_again)(z)).apply({}, None)
+    np.testing.assert_allclose(out, 4.0 * z)

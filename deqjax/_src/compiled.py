@@ -21,19 +21,24 @@ it). The cache holds :data:`MAX_ENTRIES` programs (each keeps its compiled code 
 and an eager gradient's several): the least recently used one is dropped, and with it its
 executables, so a stream of new functions keeps a bounded amount of code.
 
-*Eager* means every trace on the stack evaluates or is an eager ``grad``/``jvp``/``vmap``
-(:func:`eager`). Under a transformation that stages out (``jax.jit``, ``lax.scan``, ``pmap``,
-``eval_shape``, ``checkpoint``) nothing changes: the entry runs inline in the caller's trace, as
-before. The function runs un-jitted, as before, when it cannot be keyed (``split_callable``
-returns ``None``: an unhashable value, a plain object holding arrays, a cycle, a very large
-object graph), when a setting or a Python argument is unhashable, when it fails to trace with
-abstract values (a ``ConcretizationTypeError`` or ``TracerArrayConversionError``: Python control
-flow on values, numpy on arrays; such a key is remembered), when a solver in the settings has
-``loop="python"`` (asked for to debug on concrete values), under an eager ``grad`` when the
-settings hold a user's own solver (a backward solve may run it after the call returned, where a
-failure to trace could not fall back), and, for ``dq.fixed_point``, when
-it closes over a value traced by an eager ``grad``/``vmap`` (the un-jitted path raises its
-"closes over traced array(s)" error).
+*Eager* means that no trace on the stack stages out: the call evaluates, or runs under an eager
+``grad``/``jvp``/``vmap`` (:func:`staged` tells, with public JAX API only: under a staging trace
+even an operation on a constant gives a tracer, under evaluation and eager ``grad``/``jvp``/
+``vmap`` it gives a value). Under a transformation that stages out (``jax.jit``, ``lax.scan``,
+``pmap``, ``eval_shape``, ``checkpoint``) nothing changes: the entry runs inline in the caller's
+trace, as before. The question is asked only when an input is traced: a call whose inputs are all
+concrete runs the cached program, which JAX inlines should it be inside a staging trace after all
+(a nested ``jit``; e.g. ``jax.jit`` of a function solving a problem of numpy constants). The
+function runs un-jitted, as before, when it cannot be keyed (``split_callable`` returns ``None``:
+an unhashable value, a plain object holding arrays, a cycle, a very large object graph), when a
+setting or a Python argument is unhashable, when it fails to trace with abstract values (a
+``ConcretizationTypeError`` or ``TracerArrayConversionError``: Python control flow on values,
+numpy on arrays; such a key is remembered), when a solver in the settings has ``loop="python"``
+(asked for to debug on concrete values), under an eager ``grad`` (or ``jvp``/``vmap``: public
+API does not tell them apart) when the settings hold a user's own solver (a backward solve may
+run it after the call returned, where a failure to trace could not fall back), and, for
+``dq.fixed_point``, when it closes over a value traced by an eager ``grad``/``vmap`` (the
+un-jitted path raises its "closes over traced array(s)" error).
 """
 
 from __future__ import annotations
@@ -47,7 +52,6 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax.extend import core as jex_core
 
 from deqjax._src import function_key
 
@@ -76,27 +80,26 @@ class _Dynamic:
 _DYNAMIC = _Dynamic()
 
 
-# The traces an eager call may run under: none (evaluation), and eager ``grad``/``jvp``/``vmap``
-# (they differentiate or batch the compiled program, whose derived programs JAX caches with it).
-# Any other trace on the stack (``jit``, ``scan``, ``eval_shape``, ``checkpoint``, ``pmap``, ...)
-# stages out: the entry then runs inline in it.
-_EAGER_TRACES = frozenset({"EvalTrace", "JVPTrace", "LinearizeTrace", "BatchTrace"})
-_DIFFERENTIATING = frozenset({"JVPTrace", "LinearizeTrace"})
+# A constant the staging test operates on (a float: ``stop_gradient`` returns integers as they are).
+_PROBE = np.float32(0.0)
 
 
-def _trace_stack() -> list[str]:
-    """The class names of the traces on the stack, innermost first."""
-    names, trace = [], jex_core.find_top_trace(())
-    while trace is not None:
-        names.append(type(trace).__name__)
-        trace = getattr(trace, "parent_trace", None)
-    return names
+def staged() -> bool:
+    """Whether the caller runs inside a trace that stages out (``jit``, ``scan``, ``pmap``,
+    ``eval_shape``, ``checkpoint``, a ``grad`` inside one of them, ...).
+
+    Public JAX API only: under a staging trace every operation is staged, even one on a constant,
+    so its result is a ``jax.core.Tracer``; evaluation and an eager ``grad``/``jvp``/``vmap``
+    compute an operation on a constant (none of its inputs is theirs) as a value.
+    ``stop_gradient`` is the operation: evaluated, it returns its input without running a
+    computation (tens of microseconds of Python, so :func:`run` asks only when an input is traced).
+    """
+    return isinstance(jax.lax.stop_gradient(_PROBE), jax.core.Tracer)
 
 
-def eager() -> bool:
-    """Whether the caller runs eagerly: every trace on the stack is evaluation or an eager
-    ``grad``/``jvp``/``vmap``, none stages out."""
-    return all(name in _EAGER_TRACES for name in _trace_stack())
+def _traced(values: list[Any]) -> bool:
+    """Whether some value is traced (by any transformation: :func:`staged` tells which kind)."""
+    return any(isinstance(v, jax.core.Tracer) for v in values)
 
 
 def _contains(obj: Any, test: Callable[[Any], bool], depth: int = 0) -> bool:
@@ -118,8 +121,9 @@ def _contains(obj: Any, test: Callable[[Any], bool], depth: int = 0) -> bool:
 @functools.lru_cache(maxsize=256)
 def _settings_run_eagerly(static: Hashable, differentiated: bool) -> bool:
     """Whether the settings ask for an un-jitted run: a solver with ``loop="python"`` (asked for
-    to debug with prints and breakpoints on concrete values), or, under an eager ``grad``, a
-    user's own solver (one that ``wraps_user_callable``): a backward solve runs it when ``grad``
+    to debug with prints and breakpoints on concrete values), or, when ``differentiated`` (the
+    inputs are traced by an eager ``grad``, ``jvp`` or ``vmap``: public API does not tell which),
+    a user's own solver (one that ``wraps_user_callable``): a backward solve runs it when ``grad``
     transposes the program, after :func:`run` returned, where an untraceable one could not fall
     back."""
     if _contains(static, lambda o: getattr(o, "loop", None) == "python"):
@@ -194,17 +198,16 @@ def run(
         (else such an ``f`` is not jitted: ``dq.fixed_point`` refuses it on its un-jitted path).
 
     Returns:
-      The program's output, or :data:`NOT_JITTED` when the caller must run un-jitted: not eager,
-      ``f`` or a Python value in ``args`` or ``static`` cannot be keyed, or ``f`` cannot be traced.
+      The program's output, or :data:`NOT_JITTED` when the caller must run un-jitted: inside a
+      trace that stages out (:func:`staged`), ``f`` or a Python value in ``args`` or ``static``
+      cannot be keyed, or ``f`` cannot be traced.
     """
-    stack = _trace_stack()
-    if not all(name in _EAGER_TRACES for name in stack):
-        return NOT_JITTED
     try:
-        differentiated = any(name in _DIFFERENTIATING for name in stack)
-        if _settings_run_eagerly(static, differentiated):
-            return NOT_JITTED
-    except TypeError:  # an unhashable setting
+        arguments, arrays = _split_arguments(args)
+    except TypeError:  # an unhashable argument value
+        return NOT_JITTED
+    traced = _traced(arrays)
+    if traced and staged():
         return NOT_JITTED
     split = function_key.split_callable(f)
     if split is None:
@@ -212,18 +215,25 @@ def run(
     fkey, ops = split
     if ops and not operands:
         return NOT_JITTED
-    if not traced_operands and any(isinstance(o, jax.core.Tracer) for o in ops):
-        return NOT_JITTED
+    if _traced(ops):
+        if not traced and staged():
+            return NOT_JITTED
+        if not traced_operands:
+            return NOT_JITTED
+        traced = True
+    # No staging trace owns an input here: ``traced`` says an eager ``grad``/``jvp``/``vmap`` does
+    # (a staging trace that owns none inlines the program as a nested ``jit``).
     try:
-        arguments, arrays = _split_arguments(args)
+        if _settings_run_eagerly(static, traced):
+            return NOT_JITTED
         key = (impl, fkey, static, arguments)
         hash(key)
-    except TypeError:  # an unhashable setting or argument value
+    except TypeError:  # an unhashable setting
         return NOT_JITTED
     if key in _untraceable:
         return NOT_JITTED
     program = _entry(key, lambda: _program(impl, static, arguments, fkey))
-    _current.key = fkey
+    outer, _current.key = getattr(_current, "key", None), fkey
     try:
         return program(ops, arrays)
     except _UNTRACEABLE:
@@ -234,7 +244,7 @@ def run(
                 _untraceable.popitem(last=False)
         return NOT_JITTED
     finally:
-        _current.key = None
+        _current.key = outer
 
 
 def clear() -> None:

@@ -26,8 +26,6 @@ import numpy as np
 _ARRAYS = (jax.Array, np.ndarray)
 _SCALARS = frozenset({bool, int, float, complex, str, bytes, type(None)})
 _BUDGET = 512  # descriptions per function: a closure over a large object graph is not keyed
-# Haiku's record of the transform call that created a module: differs per call, changes nothing.
-_HAIKU_BOOKKEEPING = frozenset({"_creation_frame_id"})
 
 
 class _Unkeyable(Exception):
@@ -192,10 +190,11 @@ class _Tree:
 
 @dataclasses.dataclass(frozen=True)
 class _Module:
-    """A Haiku module instance, by its class and attributes (a new instance per ``apply`` of the
-    same model is the same key)."""
+    """A Haiku module instance, by its class, its full name and the attributes its class sets (a
+    new instance per ``apply`` of the same model is the same key)."""
 
     kind: type
+    name: str  # ``module_name``: the scope of its parameters' names
     items: tuple  # ((attribute, description), ...)
     n: int
     proto: Any = dataclasses.field(compare=False, repr=False)
@@ -286,11 +285,31 @@ def _describe_global(value: Any, namespace: dict, walk: _Walk) -> Any:
         return _Identity(value)
 
 
-def _is_haiku_module(obj: Any) -> bool:
-    """Whether ``obj`` is a Haiku module (Haiku is not imported here: the core loads only JAX;
-    no object can be one before Haiku is loaded)."""
-    hk = sys.modules.get("haiku")
-    return hk is not None and isinstance(obj, hk.Module)
+def _haiku() -> types.ModuleType | None:
+    """Haiku if it is loaded (it is not imported here: the core loads only JAX; no object can be
+    a Haiku module before Haiku is loaded)."""
+    return sys.modules.get("haiku")
+
+
+@functools.lru_cache(maxsize=4)
+def haiku_own_attributes(hk: types.ModuleType) -> frozenset[str]:
+    """The attributes ``hk.Module`` itself sets on every module: its names and Haiku's
+    bookkeeping (e.g. a record of the ``transform`` call that made it, new on every ``apply``).
+
+    Found once with public API, whatever Haiku calls them: a bare ``hk.Module`` made inside an
+    ``hk.transform``. A module is keyed by its ``module_name`` and the other attributes.
+
+    Args:
+      hk: the ``haiku`` module.
+
+    Returns:
+      The attribute names of a bare Haiku module.
+    """
+
+    def bare() -> frozenset[str]:
+        return frozenset(vars(hk.Module(name="deqjax_probe")))
+
+    return hk.transform(bare).apply({}, None)
 
 
 def _describe_object(obj: Any, walk: _Walk) -> Any:
@@ -300,19 +319,17 @@ def _describe_object(obj: Any, walk: _Walk) -> Any:
     kind = type(obj)
     if isinstance(obj, (types.ModuleType, type)):
         return _Identity(obj)
-    if _is_haiku_module(obj):
-        items = tuple(
-            (k, _describe(v, walk))
-            for k, v in sorted(vars(obj).items())
-            if k not in _HAIKU_BOOKKEEPING
-        )
+    hk = _haiku()
+    if hk is not None and isinstance(obj, hk.Module):
+        own = haiku_own_attributes(hk)
+        items = tuple((k, _describe(v, walk)) for k, v in sorted(vars(obj).items()) if k not in own)
         n = _count(tuple(d for _, d in items))
         if n:  # keep no array alive: the arrays are rebuilt from the operands
             obj = copy.copy(obj)
             for k, d in items:
                 if d.n:
                     object.__setattr__(obj, k, None)
-        return _Module(kind, items, n, proto=obj)
+        return _Module(kind, obj.module_name, items, n, proto=obj)
     if isinstance(obj, (set, frozenset)):
         obj = frozenset(obj)
     elif kind.__eq__ is object.__eq__ and kind.__hash__ is not None:
@@ -370,8 +387,9 @@ def split_callable(f: Callable[..., Any]) -> tuple[Hashable, list[Any]] | None:
     * a ``functools.partial``, a bound method: their function, arguments and object;
     * a pytree (a tuple, an Equinox module, a ``jax.tree_util.Partial``): its structure, its
       array leaves as operands and its other leaves described;
-    * a Haiku module instance: its class and attributes (``dq.nn.DEQ`` cells are rebuilt on
-      every ``apply`` of a model);
+    * a Haiku module instance: its class, ``module_name`` and the attributes its class sets (not
+      Haiku's own bookkeeping, see :func:`haiku_own_attributes`): ``dq.nn.DEQ`` cells are
+      rebuilt on every ``apply`` of a model;
     * any other value: by value if its class compares by value, else by identity (a plain
       object holding arrays is not keyed).
 

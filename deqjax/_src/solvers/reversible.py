@@ -49,7 +49,11 @@ PyTree = Any
 DEFAULT_BETA = 0.8
 
 
-@jax.tree_util.register_dataclass
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["prev", "value", "steps", "checkpoints"],
+    meta_fields=["beta", "checkpoint_every"],
+)
 @dataclasses.dataclass(frozen=True)
 class ReversibleState:
     """What the reverse pass needs: the pair ``(w_{k-1}, w_k)`` of the returned iterate and ``k``.
