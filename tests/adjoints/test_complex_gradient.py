@@ -156,6 +156,7 @@ def test_holomorphic_cell_gradient_equals_unrolled(forward, backward):
 # non-holomorphic cell's is only real-linear (GMRES is left out: it reaches tol through its
 # restarts' true residuals, slowly). NormalCG works with real step sizes and the real inner
 # product, and the fixed-point solvers make no linearity assumption.
+@pytest.mark.slow
 @pytest.mark.parametrize("forward", list(FORWARD))
 @pytest.mark.parametrize("backward", ["forward's", "NormalCG"])
 def test_nonholomorphic_cell_gradient_equals_unrolled(forward, backward):
@@ -164,6 +165,7 @@ def test_nonholomorphic_cell_gradient_equals_unrolled(forward, backward):
     _assert_trees_close(got, unrolled_gradient(nonholomorphic, params, x, c), atol=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell", [affine, nonholomorphic], ids=["affine", "nonholomorphic"])
 def test_check_grads_reverse_mode(cell):
     params, x, c = _problem(seed=3, radius=0.5)
@@ -209,6 +211,7 @@ def test_vmap_of_gradient_equals_per_example_dense():
         np.testing.assert_allclose(g_p["A"][i], want_p["A"], atol=1e-9)
 
 
+@pytest.mark.slow
 def test_complex64_gradient_smoke():
     params, x, c = _problem(seed=6)
     p32 = {"A": params["A"].astype(jnp.complex64), "b": params["b"].astype(jnp.complex64)}

@@ -90,6 +90,7 @@ def test_affine_fixed_point_equals_dense_solve(name):
     np.testing.assert_allclose(sol.f_value, f(sol.value), atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ALL))
 def test_batch_native_equals_vmap_and_dense(name):
     a, b = complex_problem(batch=3, seed=1)

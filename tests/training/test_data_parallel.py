@@ -98,6 +98,7 @@ def _run(args, devices):
     return json.loads(pathlib.Path(args[0]).read_text())
 
 
+@pytest.mark.slow
 def test_a_sharded_checkpoint_resumes_bit_exact_on_four_devices_and_on_two(tmp_path):
     """orbax writes the sharded state's global arrays; they restore onto the layout of the run
     that resumes: the same 4 devices (bit for bit) or 2."""
