@@ -40,6 +40,14 @@ def test_flags():
 
 
 @pytest.mark.slow  # ~1 min: 3 x 640 steps through fit (a host sync per step for the curves)
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "known regression, issue 34: with Broyden's steps-only (Kelley) form the gamma=0 runs fit "
+        "worse (median val MSE 1.56 over seeds 0-2, against 0.45 with the two-buffer form of "
+        "7960603, same flags); strict: the test fails again once a fix makes it pass"
+    ),
+)
 def test_short_run_slope_and_nfe_fall_as_gamma_grows(tmp_path):
     # 10 epochs of the full data set, gammas {0, 1, 4} + adaptive, seeds 0-2, judged on the medians
     # over seeds: one 10-epoch run is a noisy sample (with the packages of 2026-11 one seed's
