@@ -131,3 +131,26 @@ def assert_same_batch(batch: solvers.Solution, ref: solvers.Solution, rtol: floa
         u, v = np.asarray(getattr(batch, field)), np.asarray(getattr(ref, field))
         np.testing.assert_array_equal(np.isinf(u), np.isinf(v))
         np.testing.assert_allclose(u, v, rtol=1e-7, atol=1e-12)
+
+
+def dense_broyden(f, z0, steps, memory, dtype=np.float64):
+    """Broyden's good method with a dense inverse (numpy, ``dtype`` float64 or complex128):
+    ``H <- H + (s - H y) s^H H / (s^H H y)``; the iterates ``x_0 .. x_{steps - 1}`` and the
+    inverse after the last update. Every ``memory`` updates the inverse restarts from ``-I`` and
+    the pending update is applied to it."""
+    x, h = np.asarray(z0, dtype), -np.eye(len(z0), dtype=dtype)
+    xs, x_prev, g_prev = [], None, None
+    for k in range(steps):
+        xs.append(x)
+        g = np.asarray(f(x), dtype) - x
+        if k > 0:
+            if (k - 1) % memory == 0:
+                h = -np.eye(len(z0), dtype=dtype)
+            dx, dy = x - x_prev, g - g_prev
+            h_dy = h @ dy
+            denom = np.conj(dx) @ h_dy
+            assert abs(denom) > 1e-200  # no update is skipped on these problems
+            h = h + np.outer(dx - h_dy, np.conj(dx) @ h) / denom
+        x_prev, g_prev = x, g
+        x = x - h @ g
+    return np.stack(xs), h

@@ -13,6 +13,7 @@ from tests.helpers.solver_problems import (
     KINDS,
     SCALES,
     assert_same_batch,
+    dense_broyden,
     jitted_tanh_solve,
     mixed_batch_f,
     mixed_batch_problem,
@@ -103,28 +104,6 @@ def test_return_inverse_puts_the_estimate_in_the_solution():
     assert valid.shape == (3, 6) and not bool(valid[:, 5].any())
 
 
-def _dense_broyden(f, z0, steps, memory):
-    """Broyden's good method with a dense inverse (float64 numpy): the iterates ``x_0 ..
-    x_{steps - 1}`` and the inverse after the last update. Every ``memory`` updates the inverse
-    restarts from ``-I`` and the pending update is applied to it."""
-    x, h = np.asarray(z0, np.float64), -np.eye(len(z0))
-    xs, x_prev, g_prev = [], None, None
-    for k in range(steps):
-        xs.append(x)
-        g = np.asarray(f(x), np.float64) - x
-        if k > 0:
-            if (k - 1) % memory == 0:
-                h = -np.eye(len(z0))
-            dx, dy = x - x_prev, g - g_prev
-            h_dy = h @ dy
-            denom = dx @ h_dy
-            assert abs(denom) > 1e-200  # no update is skipped on this problem
-            h = h + np.outer(dx - h_dy, dx @ h) / denom
-        x_prev, g_prev = x, g
-        x = x - h @ g
-    return np.stack(xs), h
-
-
 @pytest.mark.parametrize("memory", [3, None])
 @pytest.mark.parametrize("batch_ndim", [0, 1])
 def test_steps_only_form_equals_dense_broyden(memory, batch_ndim):
@@ -150,7 +129,7 @@ def test_steps_only_form_equals_dense_broyden(memory, batch_ndim):
     for i, xi in enumerate(xs):
         sol = sols[0] if batch_ndim else sols[i]
         pick = (lambda t, i=i: t[i]) if batch_ndim else (lambda t: t)
-        want_xs, want_h = _dense_broyden(
+        want_xs, want_h = dense_broyden(
             lambda z, xi=xi: np.tanh(a @ z + xi), np.zeros(6), steps, memory or steps
         )
         np.testing.assert_allclose(pick(sol.samples), want_xs, rtol=1e-10, atol=1e-12)

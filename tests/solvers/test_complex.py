@@ -22,6 +22,7 @@ import pytest
 from deqjax import solvers
 from deqjax._src import tree
 from deqjax._src.solvers import broyden
+from tests.helpers.solver_problems import dense_broyden
 
 N = 6
 
@@ -175,28 +176,6 @@ def test_complex64_smoke(name):
     np.testing.assert_allclose(sol.value, dense_fixed_point(a, b), atol=1e-4)
 
 
-def _dense_complex_broyden(f, z0, steps, memory):
-    """Broyden's good method on ``C^n`` with a dense inverse (complex128 numpy): ``H <- H +
-    (s - H y) s^H H / (s^H H y)``; the iterates ``x_0 .. x_{steps - 1}`` and the final inverse.
-    Every ``memory`` updates the inverse restarts from ``-I``."""
-    x, h = np.asarray(z0, np.complex128), -np.eye(len(z0), dtype=np.complex128)
-    xs, x_prev, g_prev = [], None, None
-    for k in range(steps):
-        xs.append(x)
-        g = np.asarray(f(x), np.complex128) - x
-        if k > 0:
-            if (k - 1) % memory == 0:
-                h = -np.eye(len(z0), dtype=np.complex128)
-            dx, dy = x - x_prev, g - g_prev
-            h_dy = h @ dy
-            denom = np.conj(dx) @ h_dy
-            assert abs(denom) > 1e-200
-            h = h + np.outer(dx - h_dy, np.conj(dx) @ h) / denom
-        x_prev, g_prev = x, g
-        x = x - h @ g
-    return np.stack(xs), h
-
-
 @pytest.mark.parametrize("memory", [3, None])
 @pytest.mark.parametrize("batch_ndim", [0, 1])
 def test_broyden_iterates_and_inverse_equal_dense_complex_broyden(memory, batch_ndim):
@@ -221,8 +200,8 @@ def test_broyden_iterates_and_inverse_equal_dense_complex_broyden(memory, batch_
     z0 = jnp.zeros((1, N) if batch_ndim else (N,), jnp.complex128)
     sol = jax.jit(lambda: solver(fn, z0))()
     pick = (lambda t: t[0]) if batch_ndim else (lambda t: t)
-    want_xs, want_h = _dense_complex_broyden(
-        lambda z: np.tanh(a @ z + b), np.zeros(N), steps, memory or steps
+    want_xs, want_h = dense_broyden(
+        lambda z: np.tanh(a @ z + b), np.zeros(N), steps, memory or steps, np.complex128
     )
     np.testing.assert_allclose(pick(sol.samples), want_xs, rtol=1e-10, atol=1e-12)
     estimate = jax.tree_util.tree_map(pick, sol.inverse_estimate)
@@ -248,8 +227,8 @@ def test_broyden_line_search_inverse_equals_dense_complex_broyden():
         sample_steps=tuple(range(steps)),
     )
     sol = jax.jit(lambda: solver(lambda z: jnp.tanh(aj @ z + bj), jnp.zeros(N, jnp.complex128)))()
-    want_xs, want_h = _dense_complex_broyden(
-        lambda z: np.tanh(a @ z + b), np.zeros(N), steps, steps
+    want_xs, want_h = dense_broyden(
+        lambda z: np.tanh(a @ z + b), np.zeros(N), steps, steps, np.complex128
     )
     np.testing.assert_allclose(sol.samples, want_xs, rtol=1e-9, atol=1e-12)
     eye = jnp.eye(N, dtype=jnp.complex128)
