@@ -279,8 +279,9 @@ class _Ring(NamedTuple):
 class _Steps(NamedTuple):
     steps: PyTree  # [ring + 2, *batch, ...], slots first: the steps, then c_0, then junk
     gammas: jax.Array  # [*batch, ring + 2]: gamma_j, in the slot of the factor's d_j (0: no-op)
-    g_base: PyTree  # g at the previous iterate
-    direction: PyTree  # the step from the previous iterate to this one (zeros before the first)
+    head: PyTree  # dx - g_base: the last step less g at the previous iterate (a restart's s - H y)
+    dd: jax.Array  # [*batch]: ||dx||^2
+    dg: jax.Array  # [*batch]: <dx, g_base> (a restart's -dx^H H g_base)
 
 
 def _row(stack: PyTree, slot: jax.Array) -> PyTree:
@@ -328,23 +329,22 @@ def _steps_propose(r: _Ring, s: _Steps, k: jax.Array, x: PyTree, gx: PyTree, run
     pos = jnp.maximum(k - 1, 0) % r.mem  # factors in the current inverse
     start = k - pos  # the loop step of this segment's first update
     first = pos == 0  # H = -I: the first step, or a restart
-    dx = s.direction
     z = _apply_factors(s, tree.tree_scale(-1.0, gx, bn), start, pos, r)  # H g
-    dz, dd = tree.tree_vdot(dx, z, bn), tree.tree_sq_norm(dx, bn)
+    dz, dd = tree.tree_vdot(_row(s.steps, (k - 1) % r.ring), z, bn), s.dd  # dx^H H g, ||dx||^2
     # -dx^H H g_base: ||dx||^2 within a segment, dx^H g_base after a restart.
-    base = jnp.where(first, tree.tree_vdot(dx, s.g_base, bn), dd.astype(dz.dtype))
+    base = jnp.where(first, s.dg, dd.astype(dz.dtype))
     denom = dz + base  # dx^T H y
     ok = (k > 0) & (jnp.abs(denom) > tiny) & jnp.isfinite(denom) & (first | (dd > tiny))
     inv = jnp.where(ok, 1.0 / jnp.where(ok, denom, 1.0), 0.0)
     # dx - H y = (dx - g_base at a restart, else 0) - z; s_new = -(H g + u dx^T H g).
-    head = tree.tree_where(first, tree.tree_sub(dx, s.g_base), tree.tree_zeros_like(dx), bn)
+    head = tree.tree_where(first, s.head, tree.tree_zeros_like(z), bn)
     u = tree.tree_scale(inv, tree.tree_sub(head, z), bn)
-    next_x = tree.tree_sub(x, tree.tree_axpy(dz, u, z, bn))
-    # The step as made, rounded to the iterate's precision, is the one stored: it is exactly the
-    # difference of the two iterates (Sterbenz), so a step below the iterate's resolution (at the
-    # arithmetic's floor) is zero and makes no update, where the step computed would update the
-    # inverse with a secant pair the iterates do not satisfy.
-    step = tree.tree_sub(next_x, x)
+    proposed = tree.tree_sub(x, tree.tree_axpy(dz, u, z, bn))
+    # The step as made, rounded to the iterate's precision, is the one stored and taken: a step
+    # below the iterate's resolution (at the arithmetic's floor) is zero and makes no update,
+    # where the step computed would update the inverse with a secant pair the iterates do not
+    # satisfy.
+    step = tree.tree_sub(proposed, x)
     # The factor's coefficient, at the slot of its d_j = dx (the step proposed at loop step k - 1).
     gamma = jnp.where(ok, jnp.where(first, 1.0, 1.0 / jnp.where(ok & ~first, dd, 1.0)), 0.0)
     gamma = gamma.astype(r.rdtype)
@@ -366,7 +366,23 @@ def _steps_propose(r: _Ring, s: _Steps, k: jax.Array, x: PyTree, gx: PyTree, run
         steps = tree.tree_put_row(s.steps, w_slot, u)
         steps = tree.tree_put_row(steps, slot, step)
         gammas = jax.lax.dynamic_update_index_in_dim(s.gammas, gamma, gamma_slot, bn)
-    return next_x, _Steps(steps, gammas, gx, step)
+        # Read back after the write: what follows then depends on the write, and XLA updates
+        # the buffer and the iterate in place, where it copied them on every step.
+        step = _row(steps, slot)
+    # The iterate moves by the step stored (x + (x_+ - x) is x_+ except in an entry where the
+    # difference rounds, by one rounding).
+    next_x = tree.tree_add(x, step)
+    # What the next step needs of this one beside its row: ||dx||^2, and should it restart,
+    # dx - g_base and dx^H g_base (its dx is this step, its g_base this g). Carrying g itself
+    # would have XLA copy it on every step (it is computed before the reads of the old one).
+    state = _Steps(
+        steps=steps,
+        gammas=gammas,
+        head=tree.tree_sub(step, gx),
+        dd=tree.tree_sq_norm(step, bn).astype(r.rdtype),
+        dg=tree.tree_vdot(step, gx, bn),
+    )
+    return next_x, state
 
 
 def _gather_rows(stack: PyTree, slots: jax.Array, bn: int) -> PyTree:
@@ -420,7 +436,7 @@ def _steps_inverse(r: _Ring, rows: int, end: driver.LoopEnd) -> dict[str, Broyde
     c_slots = jnp.where(j == 0, r.w_slot, (start[..., None] + j) % r.ring)
     valid = j < n_factors[..., None]  # [*batch, mem]
     gammas = jnp.where(valid, jnp.take_along_axis(s.gammas, d_slots, bn), 0)
-    zeros = tree.tree_stack_zeros(s.direction, mem, bn)
+    zeros = tree.tree_stack_zeros(s.head, mem, bn)
     steps = jax.tree_util.tree_map(lambda t: jnp.moveaxis(t, 0, bn), s.steps)  # [*batch, slots]
     ds = tree.tree_where(valid, _gather_rows(steps, d_slots, bn), zeros, bn + 1)
     us = jax.tree_util.tree_map(
@@ -548,12 +564,12 @@ class Broyden(driver.DriverSolver):
             bn=bn,
             rdtype=problem.rdtype,
         )
-        zeros = tree.tree_zeros_like(z0)
         state0 = _Steps(
             steps=tree.tree_stack_zeros(z0, r.ring + 2),
             gammas=jnp.zeros(problem.batch_shape + (r.ring + 2,), problem.rdtype),
-            g_base=zeros,
-            direction=zeros,
+            head=tree.tree_zeros_like(z0),
+            dd=jnp.zeros(problem.batch_shape, problem.rdtype),
+            dg=jnp.zeros(problem.batch_shape, tree.scalar_dtype(z0)),
         )
 
         def propose(s, k, x, fx, gx, gx_sq, running):
