@@ -40,6 +40,7 @@ from deqjax._src.training.fit import FitResult, fit
 from deqjax._src.training.metrics import MetricsWriter, read_jsonl
 from deqjax._src.training.nonfinite import NonFiniteError, skip_nonfinite
 from deqjax._src.training.optimizer import make_optimizer, make_schedule
+from deqjax._src.training.resident_batches import ResidentBatches
 from deqjax._src.training.train_loop import LoopResult, StepMetrics, train_loop
 from deqjax._src.training.train_state import TrainState, replicate, shard, unreplicate
 from deqjax._src.training.train_step import TrainStep, reduce_metrics, train_step
@@ -61,6 +62,7 @@ __all__ = [
     "PER_DEVICE",
     "REPLICATED",
     "ReportProgress",
+    "ResidentBatches",
     "RestoreError",
     "RunDiagnostics",
     "SHARDED",

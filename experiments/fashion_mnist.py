@@ -75,6 +75,8 @@ class Config:
     data_dir: str | None = None  # idx folder (default /usr/share/datasets/fashion-mnist)
     train_size: harness.NonNegativeInt = 0  # training subset (0: all)
     test_size: harness.NonNegativeInt = 0  # test subset (0: all)
+    device_resident: bool = True
+    """train and test sets placed on the devices once (--no_device_resident: batch by batch)"""
     model: mlp_classifier_config.MLPClassifierConfig = mlp_classifier_config.MLPClassifierConfig()
     solver: harness.SolverConfig = harness.SolverConfig()
     compute: harness.DtypeConfig = harness.DtypeConfig()
@@ -127,7 +129,9 @@ def run(c: Config, inputs, ctx):
         optimizer=opt,
         learning_rate_fn=schedule,
         num_steps=num_steps,
-        train_data=data.ShuffledBatches(train, batch_size=batch_size, seed=c.run.seed),
+        train_data=data.ShuffledBatches(
+            train, batch_size=batch_size, seed=c.run.seed, device_resident=c.device_resident
+        ),
         rng=jax.random.PRNGKey(c.run.seed),
         per_device_rng=False,  # one JR coin per global batch
         loss_scale=c.compute.loss_scale(),
@@ -201,7 +205,8 @@ EXPERIMENT = harness.Experiment(
     check=check,
     smoke=SMOKE,
     modes={"sweep": SWEEP},
-    safe_on_resume=("num_steps", "devices"),  # and the sections' (logging, steps, ...)
+    # and the sections' (logging, steps, ...); where the data lives changes no number
+    safe_on_resume=("num_steps", "devices", "device_resident"),
     outputs=("curves.png", "sweep.csv", "sweep_summary.csv", "sweep.png", "sweep.json"),
 )
 main = functools.partial(harness.run, EXPERIMENT)  # main(argv=None) -> results

@@ -130,6 +130,7 @@ PUBLIC = {
         "PER_DEVICE",
         "REPLICATED",
         "ReportProgress",
+        "ResidentBatches",
         "RestoreError",
         "RunDiagnostics",
         "SHARDED",

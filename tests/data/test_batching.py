@@ -40,6 +40,23 @@ def test_batches_resume_from_state():
         np.testing.assert_array_equal(next(resumed)["id"], want)
 
 
+def test_next_position_and_order_name_the_batch_next_yields():
+    arrays = _ids(50)
+    it = data.ShuffledBatches(arrays, batch_size=8, seed=1, process_index=1, process_count=2)
+    skipper = data.ShuffledBatches(arrays, batch_size=8, seed=1, process_index=1, process_count=2)
+    assert not it.device_resident and it.arrays.keys() == {"id", "x"}
+    assert data.ShuffledBatches(arrays, batch_size=8, seed=1, device_resident=True).device_resident
+    for _ in range(14):  # crosses two epoch boundaries (6 steps per epoch)
+        epoch, index = skipper.next_position()  # where the batch is, not where the next one is
+        assert skipper.state == (epoch, index + 1)
+        start = index * 8 + 4  # process 1's half of the global batch
+        np.testing.assert_array_equal(next(it)["id"], skipper.order(epoch)[start : start + 4])
+        assert skipper.state == it.state
+    np.testing.assert_array_equal(
+        it.order(3), data.ShuffledBatches(arrays, batch_size=8, seed=1).order(3)
+    )
+
+
 def test_batches_shard_over_processes():
     arrays = _ids(64)
     whole = data.ShuffledBatches(arrays, batch_size=12, seed=2, process_index=0, process_count=1)

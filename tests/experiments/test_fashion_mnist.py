@@ -46,6 +46,7 @@ def test_main_job_writes_metrics_checkpoints_and_plot(main_run):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
     config = json.load(open(os.path.join(out, "config.json")))
     assert config["dataset"] == "digits" and config["jr"] is True
+    assert config["device_resident"] is True  # the data on the devices by default
     records = training.read_jsonl(os.path.join(out, "metrics.jsonl"))
     train = [r for r in records if r["split"] == "train"]
     diag = [r for r in records if r["split"] == "diagnostics"]
@@ -85,6 +86,21 @@ def test_main_job_resumes_from_its_checkpoint(main_run):
     assert again["restored_step"] == steps and again["final_step"] == steps
     # nothing left to train: the restored parameters give the same test accuracy
     assert again["test"]["accuracy"] == pytest.approx(summary["test"]["accuracy"])
+
+
+@pytest.mark.slow  # ~20 s: the main job's smoke again, its batches placed from the host
+def test_the_main_job_with_its_data_on_the_host_logs_the_same_records(main_run, tmp_path):
+    out, summary = main_run
+    flags = ["--smoke", "--dataset", "digits", "--no_progress", "--no_device_resident"]
+    host = _run([*flags, "--out_dir", str(tmp_path)])
+    assert json.load(open(tmp_path / "config.json"))["device_resident"] is False
+    untimed = lambda path: [  # noqa: E731
+        {k: v for k, v in r.items() if k != "examples_per_sec"} for r in training.read_jsonl(path)
+    ]
+    want = untimed(os.path.join(out, "metrics.jsonl"))  # a --resume test may have appended to it
+    got = untimed(tmp_path / "metrics.jsonl")
+    assert got == want[: len(got)] and [r["split"] for r in got].count("eval") == 2
+    assert host["test"] == summary["test"]
 
 
 @pytest.mark.slow  # ~1 min: four short runs; the main job's smoke above stays in the default lane

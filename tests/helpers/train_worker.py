@@ -279,6 +279,27 @@ def run_dist(args, out: dict) -> None:
     out["eval"] = [r for r in result.history if r["split"] == "eval"]
     out["params"] = _flat(result.state.params)
     out["digest"] = tree_digest(result.state.params)
+    # The same run with the training and test sets on the devices (each process's copy).
+    resident = training.fit(
+        params=init_params(),
+        loss_fn=noiseless_loss,
+        optimizer=opt,
+        train_data=data.ShuffledBatches(
+            train, batch_size=args.batch_size, seed=3, device_resident=True
+        ),
+        num_steps=args.num_steps,
+        rng=jax.random.PRNGKey(7),
+        per_device_rng=False,
+        eval_fn=eval_fn,
+        eval_data=data.load_digits(split="test"),
+        log_every=1,
+        progress=False,
+        print_fn=None,
+        parallel=args.parallel,
+    )
+    out["resident_losses"] = [r["loss"] for r in resident.history if r["split"] == "train"]
+    out["resident_eval"] = [r for r in resident.history if r["split"] == "eval"]
+    out["resident_digest"] = tree_digest(resident.state.params)
     if args.process_id == 0:
         # Reference: the same global batches on this process's devices alone, no collectives.
         ref_it = data.ShuffledBatches(

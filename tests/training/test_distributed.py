@@ -72,3 +72,7 @@ def test_two_processes_agree(tmp_path, parallel):
     np.testing.assert_allclose(r0["params"], r0["ref_params"], rtol=1e-4, atol=1e-5)
     assert r0["eval"][-1]["count"] == 449 and r0["eval"] == r1["eval"]
     assert os.listdir(tmp_path / "ckpt") == ["6"]  # both processes wrote one checkpoint
+    # With the data on the devices (gathered there, each process's copy): the same run.
+    for r in (r0, r1):
+        assert r["resident_losses"] == r0["losses"] and r["resident_digest"] == r0["digest"]
+        assert r["resident_eval"] == r0["eval"]

@@ -1,7 +1,7 @@
 """fit over 4 devices (fake CPU devices, in a subprocess): ``parallel="sharded"`` (jit + shard_map)
 and ``parallel="pmap"`` log the losses, evaluations and diagnostics of one device; a sharded run
-stopped and resumed is bit-identical to the uninterrupted one; each device's carry is the same in
-both modes."""
+stopped and resumed is bit-identical to the uninterrupted one; so is each mode's run with its data
+on the devices (``device_resident``); each device's carry is the same in both modes."""
 
 import json
 import subprocess
@@ -25,11 +25,12 @@ work = tempfile.mkdtemp()
 def diagnostics(params, batch, key, reg_state):
     return {"w_norm": optax.tree.norm(params), "image_total": jnp.sum(batch["image"])}
 
-def fit(parallel, num_steps=8, devices=None, **kwargs):
+def fit(parallel, num_steps=8, devices=None, device_resident=False, **kwargs):
     opt, schedule = toy.make_optimizer(total_steps=8)
+    batches = data.ShuffledBatches(train, batch_size=64, seed=3, device_resident=device_resident)
     result = training.fit(
         params=toy.init_params(), loss_fn=toy.noiseless_loss, optimizer=opt,
-        learning_rate_fn=schedule, train_data=data.ShuffledBatches(train, batch_size=64, seed=3),
+        learning_rate_fn=schedule, train_data=batches,
         num_steps=num_steps, rng=jax.random.PRNGKey(7), per_device_rng=False,
         reg_state=toy.init_reg_state(), update_reg_state=toy.count_steps,
         eval_fn=toy.eval_fn, eval_data=test, eval_every=4, diagnostics_fn=diagnostics,
@@ -53,6 +54,11 @@ fit("sharded", num_steps=5, checkpoint_dir=ckpt, checkpoint_every=5, metrics_pat
 resumed = fit("sharded", checkpoint_dir=ckpt, resume=True, metrics_path=metrics)
 out["resumed_digest"] = resumed["digest"]
 out["resumed_losses"] = [r["loss"] for r in training.read_jsonl(metrics) if r["split"] == "train"]
+# The training and test sets on the devices: the same runs, and a resident run resumed.
+out["resident"] = {mode: fit(mode, device_resident=True) for mode in ("sharded", "pmap")}
+ckpt = os.path.join(work, "ckpt_resident")
+fit("pmap", num_steps=5, checkpoint_dir=ckpt, checkpoint_every=5, device_resident=True)
+out["resident_resumed"] = fit("pmap", checkpoint_dir=ckpt, resume=True, device_resident=True)
 
 def carry_fit(parallel):
     result = training.fit(
@@ -102,6 +108,10 @@ def test_sharded_and_pmap_on_four_devices_match_one_device_and_resume_exactly():
     # stopped at step 5 and resumed: the uninterrupted sharded run, bit for bit
     assert out["resumed_digest"] == sharded["digest"]
     assert out["resumed_losses"] == sharded["losses"]
+    # data on the devices: each mode's run bit for bit, also when stopped and resumed
+    for mode, run in (("sharded", sharded), ("pmap", pmap)):
+        assert out["resident"][mode] == run
+    assert out["resident_resumed"]["digest"] == pmap["digest"]
     # each device keeps its own carry (its quarter of every batch), alike in both modes
     (carry_s, digest_s), (carry_p, digest_p) = out["carry"]["sharded"], out["carry"]["pmap"]
     assert len(carry_s) == 4 and len(set(carry_s)) == 4

@@ -135,6 +135,10 @@ class ShuffledBatches:
         ``jax.process_count()``.
       shuffle: if False, batches follow the stored order (every epoch the same).
       state: start position (default the beginning).
+      device_resident: ask :func:`~deqjax.training.fit` to place ``arrays`` on the devices once
+        and gather each batch there (:class:`~deqjax.training.ResidentBatches`: the same
+        batches in the same order, without a host-to-device copy per step) where they fit in
+        the devices' memory. Iterating this object directly still yields host batches.
 
     Raises:
       ValueError: if ``batch_size`` does not divide by ``process_count`` or exceeds ``N``.
@@ -155,6 +159,7 @@ class ShuffledBatches:
         process_count: int | None = None,
         shuffle: bool = True,
         state: IteratorState | None = None,
+        device_resident: bool = False,
     ):
         self._num_examples = _check_arrays(arrays, "arrays")
         self._process_index, self._process_count = process_info(process_index, process_count)
@@ -173,6 +178,7 @@ class ShuffledBatches:
         self._local = self._batch_size // self._process_count
         self._seed = int(seed)
         self._shuffle = bool(shuffle)
+        self._device_resident = bool(device_resident)
         self._perm_epoch: int | None = None
         self._perm: np.ndarray | None = None
         self._state = IteratorState(0, 0)
@@ -182,6 +188,21 @@ class ShuffledBatches:
     @property
     def num_examples(self) -> int:
         return self._num_examples
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The examples, ``{name: array[N, ...]}`` (the same on every process)."""
+        return self._arrays
+
+    @property
+    def process_index(self) -> int:
+        """This process's shard of each global batch."""
+        return self._process_index
+
+    @property
+    def device_resident(self) -> bool:
+        """Whether :func:`~deqjax.training.fit` should gather the batches on the devices."""
+        return self._device_resident
 
     @property
     def batch_size(self) -> int:
@@ -206,7 +227,9 @@ class ShuffledBatches:
         """Moves to a position saved from :attr:`state` (a tuple or ``{"epoch", "index"}``)."""
         self._state = iterator_state(state, self.steps_per_epoch)
 
-    def _order(self, epoch: int) -> np.ndarray:
+    def order(self, epoch: int) -> np.ndarray:
+        """The order of ``epoch``: global batch ``i`` of it is the examples
+        ``order(epoch)[i * batch_size : (i + 1) * batch_size]``."""
         if self._perm_epoch != epoch:
             self._perm = (
                 epoch_permutation(self._num_examples, seed=self._seed, epoch=epoch)
@@ -219,13 +242,19 @@ class ShuffledBatches:
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         return self
 
-    def __next__(self) -> dict[str, np.ndarray]:
+    def next_position(self) -> IteratorState:
+        """Moves past the next batch without gathering it: returns where that batch is, global
+        batch ``index`` of epoch ``epoch`` (what ``next()`` would have yielded a shard of)."""
         epoch, index = self._state
         if index >= self.steps_per_epoch:
             epoch, index = epoch + 1, 0
-        start = index * self._batch_size + self._process_index * self._local
-        idx = self._order(epoch)[start : start + self._local]
         self._state = IteratorState(epoch, index + 1)
+        return IteratorState(epoch, index)
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        epoch, index = self.next_position()
+        start = index * self._batch_size + self._process_index * self._local
+        idx = self.order(epoch)[start : start + self._local]
         return {k: v[idx] for k, v in self._arrays.items()}
 
 

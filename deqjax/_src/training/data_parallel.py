@@ -180,14 +180,19 @@ class Sharded(DataParallel):
             out = fn(*args)
             return _by_kind(_stack_if_per_device, out_kinds, out)
 
+        mesh = self.mesh
         mapped = jax.shard_map(
             one_device,
-            mesh=self.mesh,
+            mesh=mesh,
             in_specs=tuple(_spec_tree(self._spec, k) for k in in_kinds),
             out_specs=_spec_tree(self._spec, out_kinds),
             check_vma=False,
         )
-        return jax.jit(mapped, donate_argnums=donate_argnums)
+        # The results laid out as put lays out their kinds: left to XLA, a result gathered from a
+        # replicated operand comes back replicated on a one-device mesh, and a step fed it would
+        # compile again for that layout.
+        out_shardings = _spec_tree(lambda k: NamedSharding(mesh, self._spec(k)), out_kinds)
+        return jax.jit(mapped, donate_argnums=donate_argnums, out_shardings=out_shardings)
 
     def put(self, tree, kinds):
         mesh = self.mesh

@@ -81,6 +81,7 @@ def evaluate(
     parallel: DataParallel | None = None,
     *,
     devices: Sequence[jax.Device] | None = None,
+    placed: bool = False,
 ) -> dict[str, float]:
     """Means of ``eval_fn``'s per-example values over all ``batches`` (one host sync at the end).
 
@@ -89,9 +90,11 @@ def evaluate(
       params: parameters placed :data:`REPLICATED` (``state.params`` of the placed train state).
       batches: ``(batch, mask)`` pairs of this process's shard, e.g. from
         :func:`~deqjax._src.data.batching.eval_batches` (the same number of batches on every
-        process); placed here.
+        process); placed here unless ``placed``.
       parallel: the ``eval_step``'s (:func:`make_eval_step`).
       devices: instead of ``parallel``, as in :func:`make_eval_step`.
+      placed: the pairs are already on the devices (each ``parallel.put(pair, SHARDED)``, e.g.
+        an evaluation set placed once for every evaluation).
 
     Returns:
       ``{name: Σ mask·value / Σ mask}`` (``_max`` names: the max), plus ``"count"``, the number
@@ -100,7 +103,8 @@ def evaluate(
     # Every batch's totals stay on the device until one read at the end (no eager device ops
     # per batch: on a GPU each is a dispatch, the first of each kind a compilation).
     parallel = _parallel(parallel, devices)
-    outs = [eval_step(params, *parallel.put((batch, mask), SHARDED)) for batch, mask in batches]
+    put = (lambda pair: pair) if placed else (lambda pair: parallel.put(pair, SHARDED))
+    outs = [eval_step(params, *put(pair)) for pair in batches]
     if not outs:
         raise ValueError("batches is empty: nothing to evaluate.")
     per_batch = [parallel.get(out, REPLICATED) for out in outs]  # all dispatched: each waits

@@ -27,7 +27,6 @@ The same loop built by hand from these parts gives the same history.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -50,7 +49,6 @@ from deqjax._src.training.actions.stop_on_sigterm import StopOnSigterm
 from deqjax._src.training.checkpoint import Checkpointer
 from deqjax._src.training.data_parallel import (
     REPLICATED,
-    SHARDED,
     STATE_KINDS,
     DataParallel,
     data_parallel,
@@ -59,6 +57,7 @@ from deqjax._src.training.evaluation import DiagnosticsFn, EvalFn
 from deqjax._src.training.metrics import MetricsWriter
 from deqjax._src.training.nonfinite import NonFiniteError as NonFiniteError
 from deqjax._src.training.nonfinite import skip_nonfinite
+from deqjax._src.training.resident_batches import placed_batches
 from deqjax._src.training.run_policy import RunPolicy
 from deqjax._src.training.train_loop import train_loop
 from deqjax._src.training.train_state import TrainState, stack
@@ -120,7 +119,8 @@ def fit(
     :func:`~deqjax.training.train_loop` with the library's actions (the module docstring lists
     them): validate the arguments; restore the newest good checkpoint with ``resume`` (state, data
     position and RNG), or start fresh (guarding an earlier run's checkpoints and metrics); per
-    step place this process's share of the next global batch and run the data-parallel update;
+    step place this process's share of the next global batch (or gather it on the devices, see
+    ``train_data``) and run the data-parallel update;
     every ``log_every`` steps fetch the metrics to the host, write a JSONL record and update the
     progress bar; every ``diagnostics_every`` steps run ``diagnostics_fn``; at the end of each
     epoch (or every ``eval_every`` steps) evaluate; every ``checkpoint_every`` steps and at the
@@ -146,7 +146,10 @@ def fit(
       optimizer: an optax transformation (with ``loss_fn``).
       train_data: any :class:`~deqjax.data.BatchIterator` (e.g. ``ShuffledBatches``): its
         position (``state``) is checkpointed and restored on resume. Without ``steps_per_epoch``
-        the records carry no ``epoch`` and evaluation needs ``eval_every``.
+        the records carry no ``epoch`` and evaluation needs ``eval_every``. A
+        ``ShuffledBatches(..., device_resident=True)`` is placed on the devices once and each
+        batch gathered there (:class:`~deqjax.training.ResidentBatches`; the same batches), and
+        so is ``eval_data``, where they fit.
       num_steps: total optimizer steps (the run ends when ``state.step == num_steps``).
       rng: the run's key (``jax.random.PRNGKey(seed)``).
       train_step: instead of ``loss_fn`` and ``optimizer``, a :class:`~deqjax.training.TrainStep`
@@ -244,6 +247,7 @@ def fit(
             train_data=train_data,
             batch_size=eval_batch_size,
             every_steps=eval_every,
+            resident=getattr(train_data, "device_resident", False),
             desc=desc,
             say=say,
         )
@@ -310,7 +314,7 @@ def fit(
         out = train_loop(
             update,
             parallel.put(state, STATE_KINDS),
-            (parallel.put(next(train_data), SHARDED) for _ in itertools.count()),
+            placed_batches(train_data, parallel, say),
             num_steps=num_steps,
             start_step=step,
             actions=actions,

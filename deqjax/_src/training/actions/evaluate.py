@@ -3,7 +3,7 @@ end of the run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -16,6 +16,7 @@ from deqjax._src.training.actions.action import Action, due, epoch_fields
 from deqjax._src.training.data_parallel import SHARDED, DataParallel
 from deqjax._src.training.evaluation import EvalFn, evaluate, make_eval_step
 from deqjax._src.training.metrics import format_metrics
+from deqjax._src.training.resident_batches import fits_on_devices, nbytes
 from deqjax._src.training.train_loop import Record, StepMetrics
 
 PyTree = Any
@@ -29,7 +30,8 @@ class Evaluate(Action):
     eval: ..."``.
 
     Its program compiles in the background from :meth:`start` on, while the train step compiles
-    (:mod:`~deqjax._src.training.warm_up`).
+    (:mod:`~deqjax._src.training.warm_up`). With ``resident``, the padded batches are placed on
+    the devices once, at :meth:`start`, where they fit (else, as without it, at each evaluation).
 
     Args:
       eval_fn: ``(params, batch) -> {name: per-example values}``.
@@ -40,6 +42,7 @@ class Evaluate(Action):
       batch_size: the global eval batch (default ``train_data.batch_size``), a multiple of the
         number of devices.
       every_steps: steps between evaluations (None: at each epoch end).
+      resident: keep the evaluation batches on the devices from one evaluation to the next.
       desc: the run's label in messages.
       say: where the evaluation summaries go (None: silent).
 
@@ -57,6 +60,7 @@ class Evaluate(Action):
         train_data: Any,
         batch_size: int | None = None,
         every_steps: int | None = None,
+        resident: bool = False,
         desc: str = "train",
         say: Callable[[str], None] | None = None,
     ):
@@ -80,11 +84,22 @@ class Evaluate(Action):
         self._step = make_eval_step(eval_fn, parallel)
         self._compiled = lambda: None  # waits for the warm-up's compilation
         self._last_step: int | None = None
+        self._resident = bool(resident)
+        self._placed: list[PyTree] | None = None  # the placed (batch, mask) pairs, if resident
 
     def start(self, step: int, state: PyTree) -> None:
-        batch, mask = next(iter(eval_batches(self._data, batch_size=self._batch_size)))
-        args = (state.params, *self._parallel.put((batch, mask), SHARDED))
-        (self._compiled,) = warm_up.compile_in_background([(self._step, args)])
+        devices = self._parallel.local_devices
+        if self._resident and fits_on_devices(nbytes(self._data), devices):
+            self._placed = list(self._placed_batches())
+            first = self._placed[0]
+        else:
+            first = next(self._placed_batches())
+        (self._compiled,) = warm_up.compile_in_background([(self._step, (state.params, *first))])
+
+    def _placed_batches(self) -> Iterator[PyTree]:
+        """Each padded ``(batch, mask)`` pair of the evaluation set, placed on the devices."""
+        for pair in eval_batches(self._data, batch_size=self._batch_size):
+            yield self._parallel.put(pair, SHARDED)
 
     def __call__(
         self, step: int, state: PyTree, metrics: StepMetrics, batch: PyTree
@@ -107,10 +122,10 @@ class Evaluate(Action):
         return position == self._epoch_steps
 
     def _evaluate(self, step: int, state: PyTree) -> Record:
-        batches = eval_batches(self._data, batch_size=self._batch_size)
+        batches = self._placed if self._placed is not None else self._placed_batches()
         self._last_step = step
         self._compiled()
-        means = evaluate(self._step, state.params, batches, self._parallel)
+        means = evaluate(self._step, state.params, batches, self._parallel, placed=True)
         if self._say is not None:
             self._say(f"[{self._desc}] step {step} eval: " + format_metrics(means))
         return {"split": "eval", "step": step, **epoch_fields(step, self._train_data), **means}
