@@ -40,16 +40,6 @@ def test_flags():
 
 
 @pytest.mark.slow  # ~1 min: 3 x 640 steps through fit (a host sync per step for the curves)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 34: since Broyden's steps-only (Kelley) form, the gamma=0 fits of seeds 0-2 reach "
-        "val MSE 1.56 / 2.86 / 0.97 (median 1.56) where the two-buffer form of 7960603 reached "
-        "0.44 / 4.27 / 0.45 (median 0.45): rounding-level changes in the solver move these "
-        "10-epoch runs, whose spread over seeds exceeds the threshold; whether the form fits "
-        "worse needs more seeds. Strict: the test fails again once it passes"
-    ),
-)
 def test_short_run_slope_and_nfe_fall_as_gamma_grows(tmp_path):
     # 10 epochs of the full data set, gammas {0, 1, 4} + adaptive, seeds 0-2, judged on the medians
     # over seeds: one 10-epoch run is a noisy sample (with the packages of 2026-11 one seed's
@@ -69,9 +59,12 @@ def test_short_run_slope_and_nfe_fall_as_gamma_grows(tmp_path):
     mse = [r["val_mse"] for r in rows]
     slope = [r["mean_abs_slope"] for r in rows]
     nfe = [r["nfe_fpi"] for r in rows]
-    # Every gamma fits: median validation MSE below 25 % of the target's variance (3.6), and the
-    # regularized runs no worse than twice the unregularized one.
-    assert max(mse) < 0.25 * 3.6, mse
+    # The regularized runs fit: median validation MSE below 25 % of the target's variance (3.6),
+    # and no worse than twice the unregularized one. The unregularized fit is not judged: over
+    # seeds 0-9 its 10-epoch validation MSE spreads from 0.22 to 2.86 (median 1.06) with the
+    # steps-only Broyden, 0.44 to 7.53 (median 1.74) with the two-buffer form of 7960603
+    # (BENCHMARKS.md, "Synthetic 1D"): a median of three seeds falls on either side of any bound.
+    assert max(mse[1:]) < 0.25 * 3.6, mse
     assert max(mse[1:]) < 2 * mse[0], mse
     # |∂f/∂z| at z* and the fixed-point NFE to 1e-3 fall strictly as γ grows.
     assert slope[0] > slope[1] > slope[2], slope
