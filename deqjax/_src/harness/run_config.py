@@ -1,7 +1,8 @@
 """The run section every experiment's configuration holds (as its field ``run``).
 
 ``--seed``, ``--out_dir`` (the runner's default: ``runs/<name>[_<mode>][_smoke]``), ``--smoke``,
-``--no_progress`` (alias ``--quiet``) and ``--overwrite``; :class:`ResumableRunConfig` adds
+``--no_progress`` (alias ``--quiet``), ``--overwrite`` and ``--compilation_cache`` (JAX's persistent
+compilation cache, :mod:`~deqjax._src.harness.compilation_cache`); :class:`ResumableRunConfig` adds
 ``--resume`` and ``--force`` for experiments that checkpoint. What the run folder does with them
 is :func:`~deqjax.harness.prepare_run_dir`'s.
 """
@@ -13,6 +14,7 @@ from typing import Annotated
 
 import tyro
 
+from deqjax._src.harness.compilation_cache import DEFAULT as COMPILATION_CACHE
 from deqjax._src.harness.flag_types import Switch
 
 
@@ -26,6 +28,9 @@ class RunConfig:
     progress: Annotated[Switch, tyro.conf.arg(aliases=("--quiet",))] = True  # no progress bar
     overwrite: Switch = False
     """start afresh in an --out_dir holding an earlier run, deleting that run's files"""
+    compilation_cache: str = COMPILATION_CACHE
+    """folder where JAX keeps the programs that took over 1 s to compile, for later runs to load
+    ('': off; a JAX_COMPILATION_CACHE_DIR set in the environment is used instead)"""
 
 
 @dataclasses.dataclass(frozen=True)

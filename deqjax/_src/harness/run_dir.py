@@ -37,6 +37,7 @@ IGNORED_KEYS = frozenset(
         "force",
         "progress",
         "out_dir",
+        "compilation_cache",
         "coordinator_address",
         "num_processes",
         "process_id",

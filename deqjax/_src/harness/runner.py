@@ -9,6 +9,8 @@ experiment:
   (:func:`~deqjax.harness.to_python`); the folder is guarded by
   :func:`~deqjax.harness.prepare_run_dir` (no silent overwrite, no resume under other flags);
 * ``results.json`` (``<mode>.json``): what ``run`` returns, written atomically;
+* JAX's persistent compilation cache for the run (``--compilation_cache``,
+  :mod:`~deqjax._src.harness.compilation_cache`): a later run loads the programs it compiled;
 * exit statuses: 0 done; 2 bad flags, missing or unreadable data, an unusable ``--out_dir``, a
   ``--resume`` with nothing to restore; 3 training stopped on non-finite values or a checkpoint
   failed to write; 143 stopped by SIGTERM after saving a checkpoint (``--resume`` continues).
@@ -31,6 +33,7 @@ from itertools import chain
 from typing import Any, NoReturn
 
 from deqjax._src.data.errors import DataFormatError, DataNotFoundError
+from deqjax._src.harness.compilation_cache import persistent_compilation_cache
 from deqjax._src.harness.experiment import Experiment, run_section
 from deqjax._src.harness.flat_config import declared, find_section, flat_dict
 from deqjax._src.harness.multihost_config import MultiHostConfig
@@ -109,6 +112,12 @@ def run(exp: Experiment, argv: Sequence[str] | None = None) -> dict:
       SystemExit: with the statuses of the module docstring.
     """
     config = exp.parse(argv)
+    with persistent_compilation_cache(run_section(config).compilation_cache):
+        return _run(exp, config)
+
+
+def _run(exp: Experiment, config: Any) -> dict:
+    """:func:`run` after the flags are parsed."""
     mode = exp.mode(config)
     inputs, flat = _start(exp, config)
     ctx = _context(exp, config, flat, mode)
