@@ -6,7 +6,9 @@
 #   bash benchmarks/gpu_check.sh [OUT_DIR [PART ...]]    # from the repository root
 #
 # OUT_DIR defaults to gpu_check; PARTs (default all, in this order): tests, loop_floor,
-# solvers_default, solvers_highest, main_job, language_model. Needs the project installed with a CUDA build of
+# solvers_default, solvers_highest, main_job, language_model; and, on a second call, main_job_wall
+# (the whole main job twice: a first run and one that finds its programs in the compilation
+# cache, against the CPU's 32 s and 25 s in BENCHMARKS.md). Needs the project installed with a CUDA build of
 # jaxlib (pip install -e ".[test,experiments,bench]" plus "jax[cuda12]") and the Fashion-MNIST
 # files of the main job (DESIGN.md, "Data"). Writes one file per part to OUT_DIR; the tables go
 # into BENCHMARKS.md beside the CPU ones, with the GPU's name and the matmul precision of each
@@ -60,8 +62,13 @@ for p in "${parts[@]}"; do
       --dtypes float32,bfloat16 ;;
     language_model) part language_model 60 python -m benchmarks.language_model --depths 8 \
       --seq_lens 64,128 --repeats 5 ;;
+    # Not in the default list: the main job's wall time, a first run (empty compilation cache)
+    # and a second one (the same programs, loaded), each timed as a user runs it.
+    main_job_wall) part main_job_wall 110 bash -c "rm -rf $out/mj_cache $out/mj_1 $out/mj_2 &&
+      for i in 1 2; do TIMEFORMAT=\"run \$i: %R s wall\"; time python experiments/fashion_mnist.py \
+      --no_progress --out_dir $out/mj_\$i --compilation_cache $out/mj_cache | tail -1; done" ;;
     *) echo "unknown part $p (tests, loop_floor, solvers_default, solvers_highest, main_job," \
-      "language_model)" >&2
+      "language_model, main_job_wall)" >&2
       failed=$((failed + 1)) ;;
   esac
 done
