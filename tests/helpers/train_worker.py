@@ -258,22 +258,25 @@ def run_dist(args, out: dict) -> None:
     it = data.ShuffledBatches(train, batch_size=args.batch_size, seed=3)
     out["local_batch_size"] = it.local_batch_size
     opt, schedule = make_optimizer(args.num_steps)
+    same = {
+        "loss_fn": noiseless_loss,
+        "optimizer": opt,
+        "num_steps": args.num_steps,
+        "rng": jax.random.PRNGKey(7),
+        "per_device_rng": False,
+        "eval_fn": eval_fn,
+        "eval_data": data.load_digits(split="test"),
+        "log_every": 1,
+        "progress": False,
+        "print_fn": None,
+        "parallel": args.parallel,
+    }
     result = training.fit(
         params=init_params(),
-        loss_fn=noiseless_loss,
-        optimizer=opt,
         train_data=it,
-        num_steps=args.num_steps,
-        rng=jax.random.PRNGKey(7),
-        per_device_rng=False,
-        eval_fn=eval_fn,
-        eval_data=data.load_digits(split="test"),
-        log_every=1,
         checkpoint_dir=os.path.join(args.workdir, "ckpt"),
         metrics_path=os.path.join(args.workdir, "metrics.jsonl"),
-        progress=False,
-        print_fn=None,
-        parallel=args.parallel,
+        **same,
     )
     out["losses"] = [r["loss"] for r in result.history if r["split"] == "train"]
     out["eval"] = [r for r in result.history if r["split"] == "eval"]
@@ -282,20 +285,10 @@ def run_dist(args, out: dict) -> None:
     # The same run with the training and test sets on the devices (each process's copy).
     resident = training.fit(
         params=init_params(),
-        loss_fn=noiseless_loss,
-        optimizer=opt,
         train_data=data.ShuffledBatches(
             train, batch_size=args.batch_size, seed=3, device_resident=True
         ),
-        num_steps=args.num_steps,
-        rng=jax.random.PRNGKey(7),
-        per_device_rng=False,
-        eval_fn=eval_fn,
-        eval_data=data.load_digits(split="test"),
-        log_every=1,
-        progress=False,
-        print_fn=None,
-        parallel=args.parallel,
+        **same,
     )
     out["resident_losses"] = [r["loss"] for r in resident.history if r["split"] == "train"]
     out["resident_eval"] = [r for r in resident.history if r["split"] == "eval"]

@@ -7,28 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 
 from deqjax import data, training
 from deqjax._src.training import warm_up
-
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-
-
-@pytest.fixture
-def compiles():
-    """The number of XLA compilations while the test runs (a list whose length counts)."""
-    seen = []
-
-    def listener(event, duration, **kwargs):
-        if event == COMPILE_EVENT:
-            seen.append(duration)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield seen
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def test_a_program_compiled_in_the_background_is_not_compiled_again(compiles):
