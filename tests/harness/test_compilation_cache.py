@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from deqjax import harness
-from deqjax._src.harness.compilation_cache import persistent_compilation_cache
+from deqjax._src.harness.compilation_cache import MAX_BYTES, persistent_compilation_cache
 
 _hits = [0]
 
@@ -42,8 +42,11 @@ def test_a_second_run_loads_what_the_first_compiled_and_the_setting_is_restored(
     folder = tmp_path / "cache"
     with persistent_compilation_cache(str(folder)) as used:
         assert used == str(folder) and jax.config.jax_compilation_cache_dir == str(folder)
+        assert jax.config.jax_compilation_cache_max_size == MAX_BYTES  # bounded, and locked
         _program(1.25)(jnp.ones(3))
     assert jax.config.jax_compilation_cache_dir is None  # restored after the run
+    assert jax.config.jax_compilation_cache_max_size == -1
+    assert (folder / ".lockfile").exists()
     assert len(os.listdir(folder)) >= 1
     hits = _hits[0]
     _program(1.25)(jnp.ones(3))  # no cache outside a run: compiled again

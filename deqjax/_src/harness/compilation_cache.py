@@ -8,12 +8,15 @@ in ``~/.cache/deqjax/jax`` by default, and only for the run: the setting before 
 after it (a test that calls several experiments in one process sees no cache outside them). A
 cache folder set through JAX (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) is left as it is.
 JAX writes only programs that took at least ``jax_persistent_cache_min_compile_time_secs`` (1 s)
-to compile, keyed by the program, the JAX and XLA versions and the devices.
+to compile, keyed by the program, the JAX and XLA versions and the devices. The folder is bounded
+(:data:`MAX_BYTES`: JAX evicts the least recently used programs), which also makes JAX lock it
+(``filelock``), so that runs in parallel never read a program another one is writing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 from collections.abc import Iterator
 
@@ -21,6 +24,7 @@ import jax
 from jax.experimental.compilation_cache import compilation_cache
 
 DEFAULT = "~/.cache/deqjax/jax"
+MAX_BYTES = 2**30  # the folder's bound (the main job's programs take about 1 MB)
 
 
 @contextlib.contextmanager
@@ -38,10 +42,14 @@ def persistent_compilation_cache(path: str) -> Iterator[str | None]:
         yield before or None
         return
     folder = os.path.abspath(os.path.expanduser(path))
+    size_before = jax.config.jax_compilation_cache_max_size
     compilation_cache.reset_cache()  # JAX opens its cache once: let it open this folder
     jax.config.update("jax_compilation_cache_dir", folder)
+    if size_before == -1 and importlib.util.find_spec("filelock") is not None:
+        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     try:
         yield folder
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+        jax.config.update("jax_compilation_cache_max_size", size_before)
         compilation_cache.reset_cache()
