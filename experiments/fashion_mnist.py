@@ -188,6 +188,7 @@ def sweep(c: Config, inputs, ctx):
         log_every=c.logging.log_every,
         progress=c.run.progress,
         parallel=ctx.parallel,
+        device_resident=c.device_resident,
         print_fn=ctx.print,
     )
     title = f"{source}: {num_steps} steps, {len(c.init_sweep.sweep_seeds)} seed(s)"

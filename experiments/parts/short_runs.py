@@ -116,6 +116,7 @@ def short_runs(
     per_device_rng: bool = False,
     progress: bool = True,
     parallel: str = "sharded",
+    device_resident: bool = False,
     print_fn: Callable[[str], None] | None = print,
 ) -> list[dict]:
     """Trains and evaluates one short run per entry of ``runs``; returns one row per run.
@@ -134,6 +135,9 @@ def short_runs(
       progress: a progress bar over the runs (else one printed line per run).
       parallel: how the steps run over every device: ``"sharded"`` or ``"pmap"``
         (:func:`deqjax.training.data_parallel`).
+      device_resident: each run's batches gathered on the devices from the training set placed
+        there (:class:`deqjax.training.ResidentBatches`: the same batches, no host-to-device copy
+        per step), else placed from the host step by step.
       print_fn: where the per-run lines go.
 
     Returns:
@@ -153,10 +157,14 @@ def short_runs(
         t0 = time.perf_counter()
         state = pair.init(init(**run), jax.random.PRNGKey(run["seed"]))
         batches = data.ShuffledBatches(train, batch_size=batch_size, seed=run["seed"])
+        if device_resident:
+            placed = training.ResidentBatches(batches, parallel)
+        else:
+            placed = (parallel.put(batch, training.SHARDED) for batch in batches)
         result = training.train_loop(
             step_fn,
             parallel.put(state, training.STATE_KINDS),
-            (parallel.put(batch, training.SHARDED) for batch in batches),
+            placed,
             num_steps=num_steps,
             actions=(check, evaluate),
             read_metrics=lambda m: parallel.get(m, training.REPLICATED),

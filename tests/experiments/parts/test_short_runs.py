@@ -118,6 +118,24 @@ def test_pmap_gives_the_sharded_rows():
         assert p == pytest.approx(s, rel=1e-6)
 
 
+def test_batches_on_the_devices_give_the_rows_of_batches_from_the_host(monkeypatch):
+    made = []
+
+    class Spy(training.ResidentBatches):
+        def __init__(self, *args):
+            made.append(args)
+            super().__init__(*args)
+
+    monkeypatch.setattr(training, "ResidentBatches", Spy)
+    host = _short_runs(Traced(), progress=False, print_fn=None)
+    assert not made
+    resident = _short_runs(Traced(), progress=False, print_fn=None, device_resident=True)
+    assert len(made) == len(RUNS)  # each run's batches came from the devices
+    for r, h in zip(resident, host, strict=True):
+        del r["seconds"], h["seconds"]
+        assert r == h  # the same batches: the same numbers, bit for bit
+
+
 NAN = math.nan
 
 
