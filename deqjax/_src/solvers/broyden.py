@@ -280,7 +280,6 @@ class _Steps(NamedTuple):
     steps: PyTree  # [ring + 2, *batch, ...], slots first: the steps, then c_0, then junk
     gammas: jax.Array  # [*batch, ring + 2]: gamma_j, in the slot of the factor's d_j (0: no-op)
     head: PyTree  # dx - g_base: the last step less g at the previous iterate (a restart's s - H y)
-    dd: jax.Array  # [*batch]: ||dx||^2
     dg: jax.Array  # [*batch]: <dx, g_base> (a restart's -dx^H H g_base)
 
 
@@ -330,7 +329,8 @@ def _steps_propose(r: _Ring, s: _Steps, k: jax.Array, x: PyTree, gx: PyTree, run
     start = k - pos  # the loop step of this segment's first update
     first = pos == 0  # H = -I: the first step, or a restart
     z = _apply_factors(s, tree.tree_scale(-1.0, gx, bn), start, pos, r)  # H g
-    dz, dd = tree.tree_vdot(_row(s.steps, (k - 1) % r.ring), z, bn), s.dd  # dx^H H g, ||dx||^2
+    dx = _row(s.steps, (k - 1) % r.ring)  # the last step (zeros before the first)
+    dz, dd = tree.tree_vdot(dx, z, bn), tree.tree_sq_norm(dx, bn).astype(r.rdtype)
     # -dx^H H g_base: ||dx||^2 within a segment, dx^H g_base after a restart.
     base = jnp.where(first, s.dg, dd.astype(dz.dtype))
     denom = dz + base  # dx^T H y
@@ -372,14 +372,13 @@ def _steps_propose(r: _Ring, s: _Steps, k: jax.Array, x: PyTree, gx: PyTree, run
     # The iterate moves by the step stored (x + (x_+ - x) is x_+ except in an entry where the
     # difference rounds, by one rounding).
     next_x = tree.tree_add(x, step)
-    # What the next step needs of this one beside its row: ||dx||^2, and should it restart,
-    # dx - g_base and dx^H g_base (its dx is this step, its g_base this g). Carrying g itself
-    # would have XLA copy it on every step (it is computed before the reads of the old one).
+    # What the next step needs of this one beside its row, should it restart: dx - g_base and
+    # dx^H g_base (its dx is this step, its g_base this g). Carrying g itself would have XLA
+    # copy it on every step (it is computed before the reads of the old one).
     state = _Steps(
         steps=steps,
         gammas=gammas,
         head=tree.tree_sub(step, gx),
-        dd=tree.tree_sq_norm(step, bn).astype(r.rdtype),
         dg=tree.tree_vdot(step, gx, bn),
     )
     return next_x, state
@@ -568,7 +567,6 @@ class Broyden(driver.DriverSolver):
             steps=tree.tree_stack_zeros(z0, r.ring + 2),
             gammas=jnp.zeros(problem.batch_shape + (r.ring + 2,), problem.rdtype),
             head=tree.tree_zeros_like(z0),
-            dd=jnp.zeros(problem.batch_shape, problem.rdtype),
             dg=jnp.zeros(problem.batch_shape, tree.scalar_dtype(z0)),
         )
 
