@@ -131,23 +131,6 @@ def _batched(solver: Solver, batch_ndim: int) -> Solver:
     return solver
 
 
-# Forward-only outputs of a solver: the backward's adjoint map returns ``u`` alone and needs no
-# sampled iterates, inverse estimate or reversal state.
-_FORWARD_ONLY = (
-    ("has_aux", False),
-    ("sample_steps", None),
-    ("return_inverse", False),
-    ("return_state", False),
-)
-
-
-def for_backward(forward: Solver) -> Solver:
-    """The forward solver as the backward's solver: the same settings, without the outputs only
-    a forward solve has (``has_aux``, ``sample_steps``, ``return_inverse``, ``return_state``)."""
-    changes = {k: off for k, off in _FORWARD_ONLY if getattr(forward, k, off) != off}
-    return forward.replace(**changes) if changes else forward
-
-
 def resolve_backward(
     backward: Solver,
     fallback: Solver | str | None,
@@ -578,10 +561,11 @@ class ImplicitAdjoint(adjoint_base.Adjoint):
 
     def backward_config(self, forward_solver: Solver) -> BackwardConfig:
         """The resolved backward for a (normalised) forward solver: its ``batch_ndim``, and this
-        adjoint's solver (or the forward's, see :func:`for_backward`), fallback and failure
+        adjoint's solver (or the forward's, without its forward-only outputs:
+        :meth:`~deqjax._src.solvers.base.Solver.for_backward`), fallback and failure
         policy."""
         return resolve_backward(
-            for_backward(forward_solver) if self.solver is None else self.solver,
+            forward_solver.for_backward() if self.solver is None else self.solver,
             self.fallback,
             on_failure=self.on_failure,
             fallback_factor=self.fallback_factor,

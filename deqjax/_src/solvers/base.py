@@ -35,11 +35,16 @@ class Solver:
       loop_kinds: the ``loop`` settings it accepts (empty: it runs its own loop).
       wraps_user_callable: whether it runs a user's own callable, which deqjax cannot promise
         to trace (the compiled entry then runs un-jitted under an eager ``grad``).
+      forward_only: the fields that ask for outputs only a forward solve has (``has_aux``,
+        ``sample_steps``, ``return_inverse``, ...), each with the value that turns it off.
     """
 
     batch_native: ClassVar[bool] = True
     loop_kinds: ClassVar[tuple[str, ...]] = ()
     wraps_user_callable: ClassVar[bool] = False
+    # Fields that ask for outputs only a forward solve has, with the value that turns each off
+    # (e.g. Broyden's return_inverse: False); each class declares its own.
+    forward_only: ClassVar[dict[str, Any]] = {}
 
     def __call__(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
         """Solves ``z = f(z)`` from ``z0`` with this object's settings.
@@ -59,6 +64,13 @@ class Solver:
     def _run(self, f: Callable[[PyTree], PyTree], z0: PyTree, /) -> Solution:
         """The solve itself, un-jitted (what a subclass implements)."""
         raise NotImplementedError
+
+    def for_backward(self) -> Solver:
+        """This solver for a linear backward or tangent solve: the same settings, with every
+        :attr:`forward_only` output turned off (that map returns the state alone, and needs no
+        sampled iterates, inverse estimate or reversal state)."""
+        changes = {k: off for k, off in self.forward_only.items() if getattr(self, k) != off}
+        return self.replace(**changes) if changes else self
 
     def to_dict(self, *, with_name: bool = True) -> dict[str, Any]:
         """The fields as a JSON-ready dict; with ``with_name`` (default) under the key ``"solver"``

@@ -37,7 +37,7 @@ direction, so one product with ``H`` and one with ``H^T`` are made per step.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -493,6 +493,11 @@ class Broyden(driver.DriverSolver):
     see the module docstring); with one, two buffers of ``memory`` rows. With ``batch_ndim``
     they are batched (``[*batch, rows, ...]``).
     """
+
+    forward_only: ClassVar[dict[str, Any]] = {
+        **driver.DriverSolver.forward_only,
+        "return_inverse": False,
+    }
 
     memory: int | None = None
     line_search: bool = False

@@ -74,6 +74,8 @@ class Options(Solver):
         for the whole budget). Default 30.
     """
 
+    forward_only: ClassVar[dict[str, Any]] = {"has_aux": False}
+
     max_steps: int = 50
     tol: float = 1e-4
     stop_mode: str = "rel"
@@ -139,6 +141,7 @@ class DriverOptions(Options):
     """
 
     loop_kinds: ClassVar[tuple[str, ...]] = loop_lib.LOOP_KINDS
+    forward_only: ClassVar[dict[str, Any]] = {**Options.forward_only, "sample_steps": None}
 
     divergence_factor: float = 1e4
     loop: str = "while"

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -146,6 +146,11 @@ class Reversible(driver.DriverSolver):
       >>> sol = dq.solvers.Reversible(tol=1e-6)(jnp.cos, jnp.array(1.0))
       >>> sol.value  # 0.739085...
     """
+
+    forward_only: ClassVar[dict[str, Any]] = {
+        **driver.DriverSolver.forward_only,
+        "return_state": False,
+    }
 
     beta: float = DEFAULT_BETA
     return_state: bool = False
