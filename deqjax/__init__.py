@@ -19,16 +19,14 @@ from deqjax import (
     solvers,
     theory,
 )
-from deqjax._src.adjoints import (
-    Adjoint,
-    BackwardStats,
-    ImplicitAdjoint,
-    OneStepAdjoint,
-    PhantomAdjoint,
-    ReversibleAdjoint,
-    ShineAdjoint,
-    UnrolledAdjoint,
-)
+from deqjax._src.adjoints.backward_stats import BackwardStats
+from deqjax._src.adjoints.base import Adjoint
+from deqjax._src.adjoints.implicit import ImplicitAdjoint
+from deqjax._src.adjoints.one_step import OneStepAdjoint
+from deqjax._src.adjoints.phantom import PhantomAdjoint
+from deqjax._src.adjoints.reversible import ReversibleAdjoint
+from deqjax._src.adjoints.shine import ShineAdjoint
+from deqjax._src.adjoints.unrolled import UnrolledAdjoint
 from deqjax._src.fixed_point import fixed_point
 from deqjax._src.fixed_point_correction import (
     correction_loss,

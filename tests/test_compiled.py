@@ -18,6 +18,7 @@ import pytest
 import deqjax as dq
 from deqjax._src import compiled
 from deqjax._src import fixed_point as fixed_point_lib
+from tests.adjoints.strategies import every_strategy, solver_for
 
 D = 8
 MAPS_SLACK = 4  # the allocator may map a page or two; compiled code maps tens per program
@@ -101,19 +102,18 @@ def test_forward_compiles_once():
     assert_free(lambda: dq.fixed_point(cell, P, X, Z0)[0])
 
 
-ADJOINTS = {
-    "implicit": (dq.ImplicitAdjoint(), dq.solvers.anderson),
-    "phantom": (dq.PhantomAdjoint(), dq.solvers.anderson),
-    "one_step": (dq.OneStepAdjoint(), dq.solvers.anderson),
-    "unrolled": (dq.UnrolledAdjoint(), dq.solvers.FixedPointIteration(max_steps=20)),
-    "shine": (dq.ShineAdjoint(), dq.solvers.Broyden(return_inverse=True)),
-    "reversible": (dq.ReversibleAdjoint(), dq.solvers.Reversible(return_state=True)),
-}
-
-
-@pytest.mark.parametrize("name", sorted(ADJOINTS))
-def test_gradient_compiles_once_for_every_adjoint(name):
-    adjoint, solver = ADJOINTS[name]
+@pytest.mark.parametrize("strategy", every_strategy(), ids=lambda s: s.__name__)
+def test_gradient_compiles_once_for_every_adjoint(strategy):
+    adjoint = strategy()
+    solver = solver_for(
+        adjoint,
+        [
+            dq.solvers.anderson,
+            dq.solvers.FixedPointIteration(max_steps=20),
+            dq.solvers.Broyden(),
+            dq.solvers.Reversible(),
+        ],
+    )
     call = grad_of(adjoint, solver)
     assert_free(call)
     # and it is the gradient of the solve inlined in a user's jit (the path that runs as before)

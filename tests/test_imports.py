@@ -145,3 +145,97 @@ def test_the_library_never_imports_the_experiments():
         if module.split(".")[0] in ("experiments", "benchmarks", "notebooks", "tests")
     ]
     assert not offenders, offenders
+
+
+def _module_name(root: pathlib.Path, path: pathlib.Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports_outside_functions(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements that run when a module is imported or type-checked: at module
+    level, in class bodies and in ``if``/``try``/``with`` blocks, ``if TYPE_CHECKING:``
+    included; not those inside functions (they run on call)."""
+    found = []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                found += _imports_outside_functions(getattr(node, field, []))
+    return found
+
+
+def _import_graph(root: pathlib.Path, package: str) -> dict[str, set[str]]:
+    """``module -> the package modules it imports`` for every module of ``package`` under
+    ``root``, read from the source. ``from a.b import c`` names module ``a.b.c`` where that is a
+    module, else ``a.b``; importing a submodule is not counted as importing its parents."""
+    paths = {_module_name(root, p): p for p in (root / package).rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        deps = set()
+        for node in _imports_outside_functions(ast.parse(path.read_text(encoding="utf-8")).body):
+            if isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names)
+                continue
+            base = node.module or ""
+            if node.level:  # relative: from the module's package, up level - 1
+                here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+                up = here.rsplit(".", node.level - 1)[0] if node.level > 1 else here
+                base = f"{up}.{base}" if base else up
+            deps.update(
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base
+                for alias in node.names
+            )
+        graph[name] = {d for d in deps if d in paths and d != name}
+    return graph
+
+
+def _a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` as ``[a, b, ..., a]``, or ``None``."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                return path[path.index(dep) :] + [dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_the_cycle_check_sees_type_checking_and_relative_imports(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("from pkg.sub import a\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "a.py").write_text("from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n"
+        "def later():\n    import pkg.c\n"
+    )
+    (package / "c.py").write_text("import pkg.sub.a\n")
+    graph = _import_graph(tmp_path, "pkg")
+    assert graph["pkg.sub.b"] == {"pkg.sub.a"}  # the call-time import of pkg.c is not counted
+    assert _a_cycle(graph) == ["pkg.sub.a", "pkg.sub.b", "pkg.sub.a"]
+    (package / "sub" / "b.py").write_text("")
+    assert _a_cycle(_import_graph(tmp_path, "pkg")) is None
+
+
+def test_no_import_cycle_among_deqjax_modules():
+    """No module of ``deqjax`` imports, directly or through others, a module that imports it:
+    counting every import that runs at import time and those under ``if TYPE_CHECKING:`` (a
+    cycle that only a type checker follows is still two floors that know each other), not
+    the imports inside functions."""
+    cycle = _a_cycle(_import_graph(ROOT, "deqjax"))
+    assert cycle is None, " -> ".join(cycle)

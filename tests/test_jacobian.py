@@ -9,7 +9,7 @@ import pytest
 
 import deqjax as dq
 from deqjax import jacobian
-from deqjax._src.adjoints.implicit import backward_solve
+from deqjax._src.adjoints.backward_solve import first_solve
 from tests.helpers.dense_ift import FPI_4000, THETA, cos_cell
 
 
@@ -163,7 +163,7 @@ def cell(p, x, z):
     return jnp.tanh(p["W"] @ z + x)
 
 
-def test_backward_convergence_matches_backward_solve_and_dense_solution():
+def test_backward_convergence_matches_the_first_solve_and_dense_solution():
     d = 5
     w = np.random.default_rng(0).normal(size=(d, d))
     p = {"W": jnp.asarray(0.6 * w / np.max(np.abs(np.linalg.eigvals(w))))}
@@ -174,7 +174,7 @@ def test_backward_convergence_matches_backward_solve_and_dense_solution():
     sol = jax.jit(
         lambda p, x, z, g: jacobian.backward_convergence(cell, p, x, z, g, solver=solver)
     )(p, x, z_star, g)
-    ref = backward_solve(cell, p, x, z_star, g, solver)
+    ref = first_solve(cell, p, x, z_star, g, solver)
     np.testing.assert_allclose(sol.value, ref.value, rtol=1e-12)
     jac = jax.jacobian(lambda z: cell(p, x, z))(z_star)
     u = jnp.linalg.solve((jnp.eye(d) - jac).T, g)

@@ -6,8 +6,11 @@ from typing import Any, Callable
 
 import jax
 
-from deqjax._src import adjoints, compiled, tree
+from deqjax._src import compiled, tree
 from deqjax._src import precision as precision_lib
+from deqjax._src.adjoints.backward_stats import BackwardStats
+from deqjax._src.adjoints.base import Adjoint, strategies
+from deqjax._src.adjoints.implicit import ImplicitAdjoint
 from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers.solution import Solution
@@ -78,9 +81,9 @@ def fixed_point(
     z0: PyTree,
     *,
     solver: Any = anderson_lib.anderson,
-    adjoint: adjoints.Adjoint | None = None,
+    adjoint: Adjoint | None = None,
     has_aux: bool = False,
-    backward_stats: adjoints.BackwardStats | None = None,
+    backward_stats: BackwardStats | None = None,
     precision: str | None = None,
 ) -> tuple[PyTree, Solution]:
     """Solves ``z* = f(params, x, z*)`` and makes ``z*`` differentiable in ``params`` and ``x``.
@@ -155,15 +158,14 @@ def fixed_point(
         raise ValueError(f"f must be callable, got {type(f).__name__}.")
     solver = as_solver(solver)  # the one normalisation: from here on, declared fields only
     if adjoint is None:
-        adjoint = adjoints.ImplicitAdjoint()
-    if not isinstance(adjoint, adjoints.Adjoint):
+        adjoint = ImplicitAdjoint()
+    if not isinstance(adjoint, Adjoint):
         raise ValueError(
-            "adjoint must be a deqjax adjoint object (ImplicitAdjoint(), PhantomAdjoint(), "
-            "OneStepAdjoint(), UnrolledAdjoint(), ShineAdjoint(), ReversibleAdjoint()), got "
-            f"{adjoint!r}."
+            "adjoint must be a deqjax adjoint object "
+            f"({', '.join(f'{name}()' for name in strategies())}), got {adjoint!r}."
         )
     tree.check_state_tree(z0, "z0")
-    if backward_stats is not None and not isinstance(backward_stats, adjoints.BackwardStats):
+    if backward_stats is not None and not isinstance(backward_stats, BackwardStats):
         raise ValueError(
             "backward_stats must be a dq.BackwardStats probe (dq.BackwardStats.zeros()) or None, "
             f"got {type(backward_stats).__name__}."
@@ -181,11 +183,11 @@ def fixed_point(
 
 def _run(
     f: CellFn,
-    static: tuple[Any, adjoints.Adjoint, bool, str | None],
+    static: tuple[Any, Adjoint, bool, str | None],
     params: PyTree,
     x: PyTree,
     z0: PyTree,
-    backward_stats: adjoints.BackwardStats | None,
+    backward_stats: BackwardStats | None,
 ) -> tuple[PyTree, Solution]:
     """The solve of :func:`fixed_point` once its arguments are checked (un-jitted)."""
     solver, adjoint, has_aux, precision = static
@@ -202,7 +204,7 @@ def _run(
 def _run_compiled(
     make: Callable[[Any], CellFn],
     operands: list[Any],
-    static: tuple[Any, adjoints.Adjoint, bool, str | None],
+    static: tuple[Any, Adjoint, bool, str | None],
     params: PyTree,
     *rest: Any,
 ) -> tuple[PyTree, Solution]:

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks, tree
-from deqjax._src.adjoints import implicit
+from deqjax._src.adjoints import backward_solve
 from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import anderson as anderson_lib
 from deqjax._src.solvers import base
@@ -203,8 +203,8 @@ def backward_convergence(
 
     The same solve :class:`deqjax.ImplicitAdjoint` runs inside the VJP of
     :func:`deqjax.fixed_point` (it calls the one implementation,
-    ``deqjax._src.adjoints.implicit.solve_adjoint``: first solve, then ``fallback`` where it did
-    not converge),
+    ``deqjax._src.adjoints.backward_solve.solve_adjoint``: first solve, then ``fallback`` where
+    it did not converge),
     run here on stopped-gradient inputs so that its :class:`~deqjax.solvers.Solution` — steps,
     residuals, trace, status — can be logged. This is the "backward convergence" monitor of the
     JR paper's Fig. 3b/10a; pass the adjoint's backward ``solver`` and ``fallback="gmres"`` (the
@@ -247,10 +247,8 @@ def backward_convergence(
     solver = as_solver(solver)
     tree.check_float_tree(z_star, "z_star")
     tree.check_float_tree(cotangent, "cotangent")
-    adjoint = implicit.ImplicitAdjoint(solver=solver, fallback=fallback)
-    config = implicit.resolve_backward(
-        solver, adjoint.fallback, fallback_factor=adjoint.fallback_factor, batch_ndim=batch_ndim
-    )
+    fallback = backward_solve.normalise_fallback(fallback)
+    config = backward_solve.resolve_backward(solver, fallback, batch_ndim=batch_ndim)
     stop = jax.lax.stop_gradient
-    vjp = implicit.linearise(f, stop(params), stop(x), stop(z_star))
-    return stop(implicit.solve_adjoint(vjp, stop(cotangent), config).solution)
+    vjp = backward_solve.linearise(f, stop(params), stop(x), stop(z_star))
+    return stop(backward_solve.solve_adjoint(vjp, stop(cotangent), config).solution)

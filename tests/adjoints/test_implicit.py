@@ -10,7 +10,7 @@ import pytest
 from jax.test_util import check_grads
 
 import deqjax as dq
-from deqjax._src.adjoints import implicit
+from deqjax._src.adjoints import backward_solve
 from tests.helpers.dense_ift import (
     FPI_4000,
     THETA,
@@ -230,7 +230,7 @@ def test_backward_failure_never_silently_zeroes_the_gradient(dtype, gain, bwd_kw
     g = jnp.arange(1.0, 6.0).astype(dtype)
     # The diagnostics path confirms the backward solve fails in the way we intend.
     z_star = jax.jit(lambda z0: fwd(lambda z: f(a, x, z), z0).value)(z0)
-    diag = jax.jit(lambda z: implicit.backward_solve(f, a, x, z, g, bwd).status)
+    diag = jax.jit(lambda z: backward_solve.first_solve(f, a, x, z, g, bwd).status)
     assert int(diag(z_star)) == status
 
     def grad_x(on_failure):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import deqjax as dq
+from tests.adjoints.strategies import every_strategy, solver_for
 from tests.helpers.dense_ift import contractive_problem, dense_reference, loss_of_z, tanh_cell
 
 HALF = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -65,31 +66,29 @@ def test_half_precision_implicit_gradient_through_the_gmres_fallback(dtype, solv
     assert _rel((g_p, g_x), (want_p, want_x)) < 0.06
 
 
+# The exact gradients run in the fast lane; the approximate ones and SHINE in the slow lane.
+FAST = ("ImplicitAdjoint", "ReversibleAdjoint")
+
+
 @pytest.mark.parametrize(
-    "adjoint",
+    "strategy",
     [
-        dq.ImplicitAdjoint(),
-        dq.ReversibleAdjoint(),
-        # the slow lane: the approximate gradients and SHINE
-        *(
-            pytest.param(a, marks=pytest.mark.slow)
-            for a in (
-                dq.PhantomAdjoint(),
-                dq.OneStepAdjoint(),
-                dq.UnrolledAdjoint(),
-                dq.ShineAdjoint(),
-            )
-        ),
+        pytest.param(s, marks=() if s.__name__ in FAST else pytest.mark.slow)
+        for s in every_strategy()
     ],
-    ids=lambda a: type(a).__name__,
+    ids=lambda s: s.__name__,
 )
-def test_every_gradient_strategy_runs_in_bfloat16(adjoint):
-    name = type(adjoint).__name__
-    solver = {
-        "ShineAdjoint": dq.solvers.Broyden(tol=2e-2, return_inverse=True),
-        "ReversibleAdjoint": dq.solvers.Reversible(tol=2e-2, max_steps=60),
-        "UnrolledAdjoint": dq.solvers.FixedPointIteration(tol=2e-2, loop="scan"),
-    }.get(name, SOLVERS["anderson"])
+def test_every_gradient_strategy_runs_in_bfloat16(strategy):
+    adjoint, name = strategy(), strategy.__name__
+    solver = solver_for(
+        adjoint,
+        [
+            SOLVERS["anderson"],
+            SOLVERS["fpi"].replace(max_steps=50),
+            SOLVERS["broyden"],
+            dq.solvers.Reversible(tol=2e-2, max_steps=60),
+        ],
+    )
     (p, x), (g_p, g_x, _) = _half_grad(jnp.bfloat16, solver, adjoint)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves((g_p, g_x)))
     want = dense_reference(p, x)

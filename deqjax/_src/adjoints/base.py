@@ -67,6 +67,19 @@ class Adjoint:
         raise NotImplementedError
 
 
+def strategies() -> list[str]:
+    """The names of the gradient strategies: the subclasses of :class:`Adjoint` (at any depth,
+    in the order they were defined; none whose name starts with ``_``), for messages that list
+    them. A new strategy joins by subclassing."""
+    found, todo = [], list(Adjoint.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        if cls.__name__ not in found and not cls.__name__.startswith("_"):
+            found.append(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
 def require_solver(solver: Solver, kind: type, adjoint: str, why: str, otherwise: str) -> None:
     """``ValueError`` unless the forward solver is a ``kind`` (e.g. ``dq.solvers.Broyden``),
     naming the forms that are (object, function, partial) and the alternatives."""

@@ -10,10 +10,10 @@ a linear solve written with ``jax.lax.custom_linear_solve``:
 * ``matvec``: ``v ↦ v − J_f(z*) v`` (a JVP of ``f`` in ``z``), the operator JAX differentiates
   (second derivatives, ``jax.hessian``) and transposes;
 * ``solve``: the fixed point ``v = b + J_f(z*) v`` with the backward's solver, fallback and
-  failure policy (:meth:`~deqjax._src.adjoints.implicit.BackwardConfig.tangent`);
+  failure policy (:meth:`~deqjax._src.adjoints.backward_solve.BackwardConfig.tangent`);
 * ``transpose_solve``: the implicit backward of the reverse-mode path, ``u = g + J_f(z*)ᵀ u``
-  (:meth:`~deqjax._src.adjoints.implicit.BackwardConfig.adjoint`): same solver, GMRES fallback,
-  ``on_failure``. ``jax.grad`` transposes the tangent, so reverse mode runs this backward.
+  (:meth:`~deqjax._src.adjoints.backward_solve.BackwardConfig.adjoint`). ``jax.grad``
+  transposes the tangent, so reverse mode runs this backward.
 
 So ``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``, ``jax.hessian`` and ``jax.grad`` (and any
 composition: ``jvp`` of ``grad``, ``grad`` of ``jvp``) all work. The :class:`~deqjax.BackwardStats`
@@ -41,49 +41,15 @@ from jax.custom_derivatives import SymbolicZero, zero_from_primal
 
 from deqjax._src import tree
 from deqjax._src.adjoints import backward_stats as stats_lib
+from deqjax._src.adjoints import primal
 from deqjax._src.solvers import solution
 
 if TYPE_CHECKING:
-    from deqjax._src.adjoints.implicit import BackwardConfig
+    from deqjax._src.adjoints.backward_solve import BackwardConfig
     from deqjax._src.solvers.base import Solver
 
 PyTree = Any
 CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
-
-
-# --- refusing forward mode on the reverse-mode path ---------------------------------------------
-
-
-def _carries_forward_tangent(leaf: Any) -> bool:
-    """Whether ``leaf`` is, or wraps, a tracer of ``jax.jvp`` (forward mode: ``jvp``, ``jacfwd``,
-    ``hessian``'s outer pass). ``grad``, ``vjp`` and ``linearize`` trace with ``LinearizeTrace``;
-    a ``vmap`` or a ``linearize`` tracer may wrap a ``jvp`` one, so the chain is followed."""
-    for _ in range(64):
-        if not isinstance(leaf, jax.core.Tracer):
-            return False
-        if type(leaf).__name__ == "JVPTracer":
-            return True
-        inner = getattr(leaf, "primal", None)
-        leaf = getattr(leaf, "val", None) if inner is None else inner
-    return False
-
-
-def refuse_forward_mode(adjoint: str, params: PyTree, x: PyTree) -> None:
-    """``ValueError`` where ``params`` or ``x`` carry a ``jax.jvp`` tangent: the reverse-mode
-    path is a ``jax.custom_vjp``, which JAX cannot differentiate forwards.
-
-    Seen where ``dq.fixed_point`` is called inside the ``jvp`` (eagerly, or with ``jit`` around
-    the ``jvp``); a ``jvp`` of a function already jitted around the call reaches the program
-    after it is traced and gets JAX's own message ("can't apply forward-mode autodiff (jvp) to
-    a custom_vjp function").
-    """
-    if any(_carries_forward_tangent(leaf) for leaf in jax.tree_util.tree_leaves((params, x))):
-        raise ValueError(
-            f"{adjoint} differentiates in reverse mode only (jax.grad, jax.vjp, jax.jacrev); "
-            "forward mode (jax.jvp, jax.jacfwd, jax.hessian) needs "
-            "dq.ImplicitAdjoint(forward_mode=True), whose tangent is the implicit-function-"
-            "theorem linear solve and whose reverse mode is the same backward solve."
-        )
 
 
 # --- the tangent: b = ∂f/∂θ θ̇ + ∂f/∂x ẋ, then ż = (I − J)⁻¹ b --------------------------------
@@ -192,8 +158,7 @@ def forward_mode_fixed_point(
     cotangent under reverse mode. Use through ``dq.ImplicitAdjoint(forward_mode=True)``.
     """
     del backward, probe
-    sol = solver(lambda z: f(params, x, z), z0)
-    return sol.value, sol
+    return primal.forward_solve(f, solver, params, x, z0)
 
 
 def _jvp(

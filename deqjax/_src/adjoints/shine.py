@@ -16,7 +16,7 @@ Eq. 11) warm-started at it trade one VJP in ``z`` each for accuracy (the paper's
 variant). The estimate is checked (the paper's "fallback" variant): the adjoint residual
 ``‖g + Jᵀu − u‖ / ‖g + Jᵀu‖`` comes from the same VJP that gives the parameter gradient, and
 where it exceeds ``fallback_tol`` (or is not finite) the ordinary implicit backward
-(:func:`deqjax._src.adjoints.implicit.solve_adjoint`) replaces it.
+(:func:`deqjax._src.adjoints.backward_solve.solve_adjoint`) replaces it.
 
 Not implemented: the paper's "outer-problem awareness" (OPA), which adds Broyden updates in the
 direction of the outer gradient ``∂ℓ/∂z`` DURING the forward solve. A DEQ's forward pass does not
@@ -34,9 +34,10 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks, tree
+from deqjax._src.adjoints import backward_solve as backward_lib
 from deqjax._src.adjoints import backward_stats as stats_lib
 from deqjax._src.adjoints import base as adjoint_base
-from deqjax._src.adjoints import implicit
+from deqjax._src.adjoints import implicit, primal
 from deqjax._src.solvers import broyden as broyden_lib
 from deqjax._src.solvers import solution
 
@@ -50,7 +51,7 @@ class _ShineConfig:
 
     refine_steps: int
     fallback_tol: float
-    fallback: implicit.BackwardConfig | None  # the implicit backward where the estimate is poor
+    fallback: backward_lib.BackwardConfig | None  # the implicit backward where estimates are poor
     batch_ndim: int  # the forward solve's problem axes
 
 
@@ -61,7 +62,7 @@ def _estimate(
     ``refine_steps`` steps of ``u ← g + J_f(z*)ᵀ u`` (DEQ paper, Eq. 11)."""
     u = tree.tree_scale(-1.0, broyden_lib.inverse_rmatvec(inverse, g))
     if refine_steps:
-        h = implicit.adjoint_map(vjp, g)
+        h = backward_lib.adjoint_map(vjp, g)
         u = jax.lax.fori_loop(0, refine_steps, lambda _, u: h(u), u)
     return u
 
@@ -81,7 +82,7 @@ def _fallback(g, u, vjp_all, fwd_rel_residual, checked, config):
     """The implicit backward where SHINE's estimate is poor, and the gradient and statistics
     with its adjoint there. ``checked``: SHINE's per-problem ``(rel_res, poor, ones)``."""
     rel_res, poor, ones = checked
-    result = implicit.solve_adjoint(vjp_all, g, config.fallback, fwd_rel_residual)
+    result = backward_lib.solve_adjoint(vjp_all, g, config.fallback, fwd_rel_residual)
     g_params, g_x, _ = vjp_all(tree.tree_where(poor, result.u, u, config.batch_ndim))
     sol = result.solution
     steps = ones * float(config.refine_steps) + jnp.where(poor, sol.num_steps, 0).astype(
@@ -97,36 +98,14 @@ def _fallback(g, u, vjp_all, fwd_rel_residual, checked, config):
     return g_params, g_x, stats
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _shine_fixed_point(
-    f: CellFn,
-    solver: broyden_lib.Broyden,
-    config: _ShineConfig,
-    params: PyTree,
-    x: PyTree,
-    z0: PyTree,
-    probe: stats_lib.BackwardStats | None,
-) -> tuple[PyTree, solution.Solution]:
-    """The forward Broyden solve (``return_inverse=True``) with SHINE's backward."""
-    del config, probe
-    sol = solver(lambda z: f(params, x, z), z0)
-    return sol.value, sol._replace(inverse_estimate=None)
-
-
-def _fwd(f, solver, config, params, x, z0, probe):
-    sol = solver(lambda z: f(params, x, z), z0)
-    out = (sol.value, sol._replace(inverse_estimate=None))
-    residuals = (params, x, sol.value, z0, sol.inverse_estimate, sol.rel_residual, probe)
-    return out, residuals
-
-
-def _bwd(f, solver, config, residuals, cotangents):
-    del solver
-    params, x, z_star, z0, inverse, fwd_rel_residual, probe = residuals
-    g = implicit.z_star_cotangent(cotangents)
+def _backward(
+    f: CellFn, config: _ShineConfig, residuals: primal.Residuals, g: PyTree
+) -> tuple[PyTree, PyTree, stats_lib.BackwardStats | None]:
+    """SHINE's backward: the estimate, refined and checked; the fallback where it is poor."""
+    params, x, z_star = residuals.params, residuals.x, residuals.z_star
     # One VJP in (params, x, z): the refinement steps, the gradient AND J^T u for the check.
-    vjp_all = implicit.linearise(f, params, x, z_star)
-    u = _estimate(vjp_all, g, inverse, config.refine_steps)
+    vjp_all = backward_lib.linearise(f, params, x, z_star)
+    u = _estimate(vjp_all, g, residuals.inverse, config.refine_steps)
     g_params, g_x, jt_u = vjp_all(u)
     if vjp_all.full is not None:  # the cell runs at reduced precision: check at full precision
         jt_u = vjp_all.full(u)[2]
@@ -140,15 +119,17 @@ def _bwd(f, solver, config, residuals, cotangents):
     )
     if config.fallback is not None:
         checked = (rel_res, poor, ones)
-        run = functools.partial(_fallback, g, u, vjp_all, fwd_rel_residual, checked, config)
+        run = functools.partial(_fallback, g, u, vjp_all, residuals.rel_residual, checked, config)
         g_params, g_x, stats = jax.lax.cond(
             jnp.any(poor), lambda _: run(), lambda _: (g_params, g_x, stats), None
         )
-    g_probe = stats_lib.probe_cotangent(stats, probe)
-    return g_params, g_x, tree.tree_zeros_like(z0), g_probe
+    return g_params, g_x, stats_lib.probe_cotangent(stats, residuals.probe)
 
 
-_shine_fixed_point.defvjp(_fwd, _bwd)
+# The forward Broyden solve (return_inverse=True), its inverse estimate kept for the backward.
+_shine_fixed_point = primal.reverse_mode_layer(
+    _backward, "dq.ShineAdjoint()", inverse_to_backward=True
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,13 @@ import dataclasses
 import typing
 from typing import Literal
 
-from deqjax._src import adjoints
+from deqjax._src.adjoints.base import Adjoint
+from deqjax._src.adjoints.implicit import ImplicitAdjoint
+from deqjax._src.adjoints.one_step import OneStepAdjoint
+from deqjax._src.adjoints.phantom import PhantomAdjoint
+from deqjax._src.adjoints.reversible import ReversibleAdjoint
+from deqjax._src.adjoints.shine import ShineAdjoint
+from deqjax._src.adjoints.unrolled import UnrolledAdjoint
 from deqjax._src.harness.flag_types import NonNegativeInt, PositiveFloat, PositiveInt
 from deqjax._src.solvers.anderson import Anderson
 from deqjax._src.solvers.base import Solver
@@ -35,7 +41,7 @@ def solver_and_adjoint(
     backward: Solver | None = None,
     steps: int | None = None,
     tau: float = 0.5,
-) -> tuple[Solver, adjoints.Adjoint]:
+) -> tuple[Solver, Adjoint]:
     """``(forward solver, adjoint)`` for the gradient named ``name`` (one of :data:`GRADIENTS`).
 
     Three gradients need their own forward solver, built with the same ``max_steps``, ``tol`` and
@@ -54,18 +60,18 @@ def solver_and_adjoint(
     common = {"max_steps": max_steps, "tol": tol, "stop_mode": stop_mode}
     if name == "shine":
         broyden = Broyden(return_inverse=True, **common)
-        return broyden, adjoints.ShineAdjoint(refine_steps=steps or 0, fallback=None)
+        return broyden, ShineAdjoint(refine_steps=steps or 0, fallback=None)
     if name == "reversible":
-        return Reversible(**common), adjoints.ReversibleAdjoint()
+        return Reversible(**common), ReversibleAdjoint()
     if name == "unrolled":
-        return FixedPointIteration(**common), adjoints.UnrolledAdjoint()
+        return FixedPointIteration(**common), UnrolledAdjoint()
     anderson = Anderson(m=m, **common)
     if name == "implicit":
-        return anderson, adjoints.ImplicitAdjoint(solver=backward)
+        return anderson, ImplicitAdjoint(solver=backward)
     if name == "phantom":
-        return anderson, adjoints.PhantomAdjoint(steps=5 if steps is None else steps, tau=tau)
+        return anderson, PhantomAdjoint(steps=5 if steps is None else steps, tau=tau)
     if name == "one_step":
-        return anderson, adjoints.OneStepAdjoint()
+        return anderson, OneStepAdjoint()
     raise ValueError(f"adjoint must be one of {GRADIENTS}, got {name!r}.")
 
 
@@ -94,7 +100,7 @@ class SolverConfig:
             stop_mode=self.stop_mode,
         )
 
-    def solver_and_adjoint(self) -> tuple[Solver, adjoints.Adjoint]:
+    def solver_and_adjoint(self) -> tuple[Solver, Adjoint]:
         """``(forward solver, adjoint)`` of ``--adjoint`` (:func:`solver_and_adjoint`); the
         implicit gradient's backward is :meth:`backward`."""
         return solver_and_adjoint(

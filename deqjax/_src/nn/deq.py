@@ -81,7 +81,9 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import adjoints, checks, tree
+from deqjax._src import checks, tree
+from deqjax._src.adjoints.base import Adjoint
+from deqjax._src.adjoints.implicit import ImplicitAdjoint
 from deqjax._src.nn import batch_modes, per_forward
 from deqjax._src.normalise import accepts_keyword, as_solver
 from deqjax._src.precision import check_precision
@@ -172,7 +174,7 @@ class DEQ(hk.Module):
         cell: Cell,
         *,
         solver: Any = _ANDERSON,
-        adjoint: adjoints.Adjoint | None = None,
+        adjoint: Adjoint | None = None,
         eval_solver: Any = None,
         per_example: bool = True,
         init_state: Callable[[PyTree], PyTree] | None = None,
@@ -187,8 +189,8 @@ class DEQ(hk.Module):
         self.eval_solver = (
             self.solver if eval_solver is None else as_solver(eval_solver, name="eval_solver")
         )
-        self.adjoint = adjoints.ImplicitAdjoint() if adjoint is None else adjoint
-        if not isinstance(self.adjoint, adjoints.Adjoint):
+        self.adjoint = ImplicitAdjoint() if adjoint is None else adjoint
+        if not isinstance(self.adjoint, Adjoint):
             raise ValueError(f"adjoint must be a deqjax adjoint object, got {adjoint!r}.")
         if init_state is not None and not callable(init_state):
             raise ValueError(f"init_state must be callable or None, got {init_state!r}.")

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import jmp
 import optax
 
-from deqjax._src import adjoints
+from deqjax._src.adjoints.backward_stats import BackwardStats
 from deqjax._src.training.train_state import DEVICE_AXIS, TrainState, create_train_state
 
 PyTree = Any
@@ -211,7 +211,7 @@ def _gradient_fn(
         args = (state.params, batch, step_key, state.reg_state, state.step)
         if stats:  # the gradient channel of dq.BackwardStats: stats arrive as a gradient
             grad_fn = jax.value_and_grad(objective, argnums=(0, 5), has_aux=True)
-            probe = adjoints.BackwardStats.zeros()
+            probe = BackwardStats.zeros()
             (_, (loss, metrics, carry)), (grads, probe_grad) = grad_fn(*args, probe, state.carry)
             metrics = {**metrics, **probe_grad.metrics()}
         else:
