@@ -316,6 +316,119 @@ def test_backward_stats_and_gradient_equal_the_reverse_mode_path():
     assert float(stats.count) == 3.0
 
 
+# --- every combination the default adjoint differentiates (custom_linear_solve's transpose) -----
+
+DEFAULT = dq.ImplicitAdjoint(fallback=None)
+
+
+def pair_cell(p, x, z):
+    """A pytree state ``(a, b)`` whose leaf ``b = sin(a) / 2`` reads neither ``p`` nor ``x``."""
+    a, b = z
+    return jnp.tanh(p["W"] @ a + p["U"] @ x + p["b"] + 0.3 * jnp.tanh(b)), 0.5 * jnp.sin(a)
+
+
+def pair_loss(z):
+    return loss_of_z(z[0]) + jnp.sum(z[1] ** 2)
+
+
+def pair_z(p, x, adjoint, probe=None):
+    z0 = (jnp.zeros(D), jnp.zeros(D))
+    z, _ = dq.fixed_point(pair_cell, p, x, z0, solver=TIGHT, adjoint=adjoint, backward_stats=probe)
+    return z
+
+
+def dense_pair_grads(p, x):
+    """``(dℓ/dp, dℓ/dx)`` of :func:`pair_loss` by the dense implicit function theorem on the
+    state flattened to one vector (float64)."""
+
+    def flat_cell(q, xx, v):
+        return jnp.concatenate(pair_cell(q, xx, (v[:D], v[D:])))
+
+    v = jax.lax.fori_loop(0, 400, lambda _, v: flat_cell(p, x, v), jnp.zeros(2 * D))
+    loss = lambda v: pair_loss((v[:D], v[D:]))  # noqa: E731
+    g_p = dense_implicit_grad(flat_cell, p, x, v, loss)
+    g_x = dense_implicit_grad(lambda xx, q, v: flat_cell(q, xx, v), x, p, v, loss)
+    return g_p, g_x
+
+
+@pytest.mark.parametrize("transform", ["grad", "jacrev"])
+def test_a_state_leaf_that_reads_no_input_differentiates_like_the_default(transform):
+    """Under jax.grad/jacrev the tangent solve's right-hand side has a leaf computed from no
+    differentiated input (b's): forward_mode=True crashed in JAX's transpose of
+    custom_linear_solve (a bare AssertionError)."""
+    p, x = problem(seed=23)
+    if transform == "grad":
+        want = dense_pair_grads(p, x)
+        for adjoint in (FORWARD, DEFAULT):
+            loss = lambda q, xx: pair_loss(pair_z(q, xx, adjoint))  # noqa: B023, E731
+            close(jax.jit(jax.grad(loss, argnums=(0, 1)))(p, x), want, 1e-9)
+    else:
+        jacobians = [functools.partial(pair_z, x=x, adjoint=a) for a in (FORWARD, DEFAULT)]
+        got, ref = (jax.jit(jax.jacrev(z_of_p))(p) for z_of_p in jacobians)
+        close(got, ref, 1e-9)
+
+
+def test_a_state_leaf_that_reads_no_input_has_its_hessian():
+    p, x = problem(seed=24)
+
+    def unrolled(xx):
+        z = (jnp.zeros(D), jnp.zeros(D))
+        return pair_loss(jax.lax.fori_loop(0, 300, lambda _, z: pair_cell(p, xx, z), z))
+
+    want = jax.jit(jax.hessian(unrolled))(x)
+    got = jax.jit(jax.hessian(lambda xx: pair_loss(pair_z(p, xx, FORWARD))))(x)
+    close(got, want, 1e-8)
+
+
+@pytest.mark.parametrize("state", ["vector", "pytree"])
+@pytest.mark.parametrize("argnums", [(0,), (1,), (0, 1)], ids=["params", "probe", "both"])
+def test_with_a_probe_forward_mode_differentiates_what_the_default_does(argnums, state):
+    """A BackwardStats probe passed, and the parameters alone, the probe alone or both
+    differentiated (forward_mode=True crashed in the first two): the gradients and statistics
+    of the default adjoint."""
+    p, x = problem(seed=25)
+
+    def loss(q, probe, adjoint):
+        if state == "pytree":
+            return pair_loss(pair_z(q, x, adjoint, probe))
+        z, _ = dq.fixed_point(
+            cell, q, x, jnp.zeros(D), solver=TIGHT, adjoint=adjoint, backward_stats=probe
+        )
+        return loss_of_z(z)
+
+    probe = dq.BackwardStats.zeros()
+    got, want = (
+        jax.jit(jax.grad(functools.partial(loss, adjoint=a), argnums))(p, probe)
+        for a in (FORWARD, DEFAULT)
+    )
+    close(got, want, 1e-9)
+    if 1 in argnums:
+        stats = got[-1]
+        assert float(stats.count) == 1.0 and float(stats.failures) == 0.0
+
+
+def test_deq_with_a_probe_differentiates_the_parameters_or_the_probe_alone():
+    def forward(adjoint):
+        def apply(x, probe):
+            w_init = hk.initializers.RandomNormal(0.4 / np.sqrt(D))
+            cell = lambda z, xx: jnp.tanh(hk.Linear(D, w_init=w_init)(z) + xx)  # noqa: E731
+            solver = dq.solvers.Anderson(tol=1e-13, max_steps=300)
+            deq = dq.nn.DEQ(cell, solver=solver, adjoint=adjoint)
+            return jnp.sum(jnp.sin(deq(x, backward_stats=probe)[0]))
+
+        return hk.without_apply_rng(hk.transform(apply))
+
+    xs = jnp.asarray(np.random.default_rng(26).normal(size=(3, D)))
+    probe = dq.BackwardStats.zeros()
+    params = forward(DEFAULT).init(jax.random.PRNGKey(0), xs, probe)
+    for argnums in (0, 2):
+        got, want = (
+            jax.jit(jax.grad(forward(a).apply, argnums))(params, xs, probe)
+            for a in (FORWARD, DEFAULT)
+        )
+        close(got, want, 1e-9)
+
+
 # --- the default path refuses forward mode, naming forward_mode=True ---------------------------
 
 

@@ -76,6 +76,27 @@ def input_tangent(
     return jax.jvp(cell, primals, tuple(t for m, t in zip(moving, tangents) if m))[1]
 
 
+def linear_in_tangents(b: PyTree, tangents: PyTree) -> PyTree:
+    """``b`` with ``0 · t₀`` added to every leaf, ``t₀`` one entry of a tangent in ``tangents``
+    that is not a symbolic zero: the same values, each leaf now computed from the tangents.
+
+    ``jax.grad`` transposes :func:`implicit_tangent`'s ``custom_linear_solve``, whose transpose
+    rule requires every leaf of its right-hand side to be linear in the differentiated inputs
+    (it asserts so). A leaf computed from none of them is not: a state leaf that ``f`` maps
+    without reading the differentiated ``θ`` or ``x`` directly, or the probe's tangent (zeros)
+    when only ``θ`` moves, or ``b`` (zeros) when only the probe moves.
+    """
+    moving = [
+        t
+        for t in jax.tree_util.tree_leaves(tangents, is_leaf=lambda t: isinstance(t, SymbolicZero))
+        if not isinstance(t, SymbolicZero) and jnp.issubdtype(t.dtype, jnp.inexact) and t.size
+    ]
+    if not moving:
+        return b
+    zero = 0 * jnp.real(jnp.ravel(moving[0])[0])
+    return jax.tree_util.tree_map(lambda leaf: leaf + zero.astype(leaf.dtype), b)
+
+
 def implicit_tangent(
     f: CellFn,
     backward: BackwardConfig,
@@ -187,6 +208,7 @@ def _jvp(
                 d_probe,
                 probe,
             )
+        rhs, d_probe = linear_in_tangents((rhs, d_probe), (d_params, d_x, d_probe))
         dz = implicit_tangent(f, backward, params, x, z_star, rhs, sol.rel_residual, probe, d_probe)
     d_sol = zero_from_primal(sol._replace(value=()), symbolic_zeros=True)._replace(value=dz)
     return (z_star, sol), (dz, d_sol)
