@@ -4,8 +4,8 @@ The default implicit layer (and SHINE's) is a ``jax.custom_vjp``: its gradient i
 solve, and nothing in it may be differentiated in forward mode. Left alone, JAX either refuses
 with its own message or, worse, differentiates the solver loops of the rules themselves (a
 ``jvp`` of ``grad`` of a ``jax.jit``-ed loss sees the forward and backward solves as ordinary
-code, and returns the loops' derivative: about 1e-4 off the implicit answer). Three guards, one
-message (:func:`message`), each free when nothing is differentiated in forward mode:
+code, and returns the loops' derivative, close to the implicit answer but not it). Three
+guards, one message (:func:`message`), each free when nothing is differentiated in forward mode:
 
 * :func:`refuse_forward_mode`: an eager check of the caller's tracers (``jax.jvp`` around the
   call), before anything is traced;
