@@ -25,6 +25,7 @@ from deqjax._src.adjoints import forward_mode as forward_mode_lib
 from deqjax._src.adjoints import primal, reverse_only
 from deqjax._src.normalise import as_solver
 from deqjax._src.solvers.base import Solver
+from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
 CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
@@ -53,7 +54,7 @@ def implicit_fixed_point(
     x: PyTree,
     z0: PyTree,
     probe: stats_lib.BackwardStats | None,
-) -> tuple[PyTree, Any]:
+) -> tuple[PyTree, Solution]:
     """Forward solve of ``z = f(params, x, z)`` with implicit gradients in ``params`` and ``x``.
 
     ``probe`` (a :class:`~deqjax.BackwardStats` or ``None``) receives the backward solve's
