@@ -79,20 +79,6 @@ def tree_conj(x: PyTree) -> PyTree:
     return jax.tree_util.tree_map(conj, x)
 
 
-def check_float_tree(tree: PyTree, name: str) -> None:
-    """Raises ``ValueError`` naming ``name`` unless ``tree`` is a non-empty float pytree."""
-    leaves = jax.tree_util.tree_leaves(tree)
-    if not leaves:
-        raise ValueError(f"{name} must be a non-empty pytree of float arrays, got {tree!r}.")
-    for leaf in leaves:
-        dtype = leaf_dtype(leaf)
-        if not jnp.issubdtype(dtype, jnp.floating):
-            raise ValueError(
-                f"{name} must contain only floating-point arrays; found a leaf of dtype {dtype}. "
-                f"Cast it, e.g. jnp.asarray(x, jnp.float32)."
-            )
-
-
 def check_state_tree(tree: PyTree, name: str) -> None:
     """Raises ``ValueError`` naming ``name`` unless ``tree`` is a non-empty pytree of inexact
     arrays, all real floats or all complex.
@@ -103,10 +89,15 @@ def check_state_tree(tree: PyTree, name: str) -> None:
     coefficients (Anderson's mixing, Broyden's updates, Krylov bases), which a real leaf cannot
     hold; cast the real leaves to complex (or split the complex ones into real and imaginary
     parts). Integer and boolean leaves are refused.
+
+    This is the one validator of a state: the solvers, ``dq.fixed_point``, ``dq.nn.DEQ``, the
+    Jacobian tools and Jacobian regularisation all call it.
     """
     leaves = jax.tree_util.tree_leaves(tree)
     if not leaves:
-        raise ValueError(f"{name} must be a non-empty pytree of float arrays, got {tree!r}.")
+        raise ValueError(
+            f"{name} must be a non-empty pytree of float or complex arrays, got {tree!r}."
+        )
     kinds = set()
     for leaf in leaves:
         dtype = leaf_dtype(leaf)

@@ -5,10 +5,11 @@ Design note (read this before writing a cell)
 
 **Cell protocol.** A cell is any callable ``cell(z, x) -> z`` (or ``cell(z, x, *, is_training)``;
 the DEQ passes ``is_training`` when the cell accepts that keyword) built from Haiku modules: a
-module instance (``dq.nn.MLPCell(...)``) or a function that creates modules. ``z`` is any pytree
-of float arrays (the multiscale cell uses a tuple of per-resolution arrays) and the cell returns
-the same structure. **Cells are always written for batched arrays** ``[B, ...]`` and must treat
-the examples of a batch independently (no statistics across the batch).
+module instance (``dq.nn.MLPCell(...)``) or a function that creates modules. ``z`` is any state
+the solvers take: a pytree of float arrays (the multiscale cell uses a tuple of per-resolution
+arrays), or of complex arrays (a complex ``x`` gives a complex ``zeros_like(x)`` start), and the
+cell returns the same structure. **Cells are always written for batched arrays** ``[B, ...]``
+and must treat the examples of a batch independently (no statistics across the batch).
 
 **Batching** (``per_example: bool``). ``True`` (default): each example stops on its own, in one
 loop for the whole batch when the solver is batch-native (declares ``batch_ndim``), else as a
@@ -207,6 +208,14 @@ class DEQ(hk.Module):
             return self.cell.initial_state(x)
         return jax.tree_util.tree_map(jnp.zeros_like, x)
 
+    def _initial_state_name(self) -> str:
+        """How :meth:`initial_state` makes ``z0``, for an error message."""
+        if self.init_state is not None:
+            return "init_state(x)"
+        if hasattr(self.cell, "initial_state"):
+            return "cell.initial_state(x)"
+        return "zeros_like(x)"
+
     def __call__(
         self,
         x: PyTree,
@@ -232,7 +241,8 @@ class DEQ(hk.Module):
           evaluated it). :meth:`solve` returns the cell map of this forward pass too.
 
         Raises:
-          ValueError: for ``z0`` not a float pytree, or (per-example mode) leaves of ``x``/``z0``
+          ValueError: for a ``z0`` (given, or made from ``x`` by ``init_state``) that is not a
+            state (a float or complex pytree), or (per-example mode) leaves of ``x``/``z0``
             without a common leading batch axis.
         """
         out = self._forward(x, z0, is_training, backward_stats)
@@ -272,7 +282,9 @@ class DEQ(hk.Module):
         """The one forward pass of ``__call__`` and :meth:`solve`: parameters, solve, cell map."""
         if z0 is None:
             z0 = self.initial_state(x)
-        tree.check_float_tree(z0, "z0")
+            tree.check_state_tree(z0, f"z0 = {self._initial_state_name()} (no z0 was given)")
+        else:
+            tree.check_state_tree(z0, "z0")
         solver = self.solver if is_training else self.eval_solver
         mode = batch_modes.mode_of(self.per_example, solver)
         if mode is not batch_modes.Mode.WHOLE_BATCH:
