@@ -53,17 +53,11 @@ allows inside a transform — only ``hk.while_loop`` refuses to run during init)
 is used when ``is_training=False`` (the papers solve with fewer steps or looser tolerance at
 inference).
 
-**One return type; what else a forward pass offers.** ``deq(x, z0)`` always returns ``(z_star,
-solution)`` (``solution.f_value`` is ``f(z*)`` as the solver evaluated it). ``DEQ.solve(...)`` runs
-the same forward pass and returns a :class:`DEQOutput` ``(z_star, solution, cell_fn,
-f_star)``: ``f_star`` is ``f(z*)`` with the gradient of ``z*`` (no extra cell
-evaluation), for readouts such as MDEQ's that read the cell output at the equilibrium; ``cell_fn``
-is ``z ↦ f_θ(z; x)`` of this very forward pass (same parameters, masks, key; batched like
-``z_star``) for regularisers and diagnostics. **Jacobian regularisation (JR paper Eq. 4)** has one
-path: ``dq.regularization.JacobianRegularizer(gamma, p=..., num_samples=...).penalty(out.cell_fn,
-out.z_star, key, step)``, whose Bernoulli gate is drawn in the graph (one compiled step, the
-estimator skipped by ``lax.cond`` when the coin says no) and whose estimate is taken at
-``stop_gradient(z*)``, differentiable w.r.t. the cell parameters (as in the JR reference code).
+**One return type.** ``deq(x, z0)`` always returns ``(z_star, solution)``; :meth:`DEQ.solve` runs
+the same forward pass and returns a :class:`DEQOutput`, which adds this pass's cell map
+``cell_fn`` (for regularisers and diagnostics: Jacobian regularisation, JR paper Eq. 4, is
+``JacobianRegularizer.penalty(out.cell_fn, out.z_star, key, step)``) and ``f_star = f(z*)`` with
+the gradient of ``z*`` (for readouts such as MDEQ's, at no extra cell evaluation).
 
 **Solvers.** ``solver`` is any ``(f, z0) -> Solution``: a solver object
 (``dq.solvers.Anderson(max_steps=30, tol=1e-3)``, frozen and printable, so a config can log it), a
@@ -83,10 +77,11 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import adjoints, checks, tree
+from deqjax._src import precision as precision_lib
 from deqjax._src.nn import batch_modes, per_forward
 from deqjax._src.normalise import accepts_keyword, as_solver
-from deqjax._src.precision import check_precision
 from deqjax._src.solvers.anderson import Anderson
+from deqjax._src.solvers.base import Solver
 from deqjax._src.solvers.solution import MAX_STEPS, Solution
 
 PyTree = Any
@@ -184,20 +179,46 @@ class DEQ(hk.Module):
         super().__init__(name=name)
         if not callable(cell):
             raise ValueError(f"cell must be callable, got {type(cell).__name__}.")
-        self.solver = as_solver(solver, name="solver")
-        self.eval_solver = (
-            self.solver if eval_solver is None else as_solver(eval_solver, name="eval_solver")
-        )
-        self.adjoint = adjoints.ImplicitAdjoint() if adjoint is None else adjoint
-        if not isinstance(self.adjoint, adjoints.Adjoint):
+        solver = as_solver(solver, name="solver")
+        if eval_solver is not None:
+            eval_solver = as_solver(eval_solver, name="eval_solver")
+        if adjoint is not None and not isinstance(adjoint, adjoints.Adjoint):
             raise ValueError(f"adjoint must be a deqjax adjoint object, got {adjoint!r}.")
         if init_state is not None and not callable(init_state):
             raise ValueError(f"init_state must be callable or None, got {init_state!r}.")
-        self.per_example = checks.check_bool(per_example, "per_example")
+        self._configure(
+            cell,
+            solver=solver,
+            eval_solver=eval_solver,
+            adjoint=adjoint,
+            per_example=checks.check_bool(per_example, "per_example"),
+            init_state=init_state,
+            solve_at_init=solve_at_init,
+            precision=precision_lib.check_precision(precision),
+        )
+
+    def _configure(
+        self,
+        cell: Cell,
+        *,
+        solver: Solver,
+        eval_solver: Solver | None,
+        adjoint: adjoints.Adjoint | None,
+        per_example: bool,
+        init_state: Callable[[PyTree], PyTree] | None,
+        solve_at_init: bool,
+        precision: str | None,
+    ) -> None:
+        """Holds the settings, checked by the caller (``__init__``, or :class:`CheckedDEQ` for
+        settings a :class:`~deqjax.models.DEQSettings` checked); ``None`` takes the defaults."""
         self.cell = cell
+        self.solver = solver
+        self.eval_solver = solver if eval_solver is None else eval_solver
+        self.adjoint = adjoints.ImplicitAdjoint() if adjoint is None else adjoint
+        self.per_example = per_example
         self.init_state = init_state
         self.solve_at_init = solve_at_init
-        self.precision = check_precision(precision)
+        self.precision = precision
         self._pass_is_training = accepts_keyword(cell, "is_training")
 
     def initial_state(self, x: PyTree) -> PyTree:
@@ -314,6 +335,35 @@ class DEQ(hk.Module):
         if self._pass_is_training:
             return lambda x, z: cell(z, x, is_training=is_training)
         return lambda x, z: cell(z, x)
+
+
+class CheckedDEQ(DEQ):
+    """The internal entry of :class:`DEQ` for settings already checked and normalised (a
+    :class:`~deqjax.models.DEQSettings`' solver objects, adjoint and the ``precision``
+    :func:`~deqjax._src.precision.check_precision` returned): the same module, with no second
+    check; per-example solves, the default initial state, no solve at ``init``."""
+
+    def __init__(
+        self,
+        cell: Cell,
+        *,
+        solver: Solver,
+        eval_solver: Solver | None,
+        adjoint: adjoints.Adjoint | None,
+        precision: str | None,
+        name: str | None = None,
+    ):
+        hk.Module.__init__(self, name="deq" if name is None else name)  # DEQ's default name
+        self._configure(
+            cell,
+            solver=solver,
+            eval_solver=eval_solver,
+            adjoint=adjoint,
+            per_example=True,
+            init_state=None,
+            solve_at_init=False,
+            precision=precision,
+        )
 
 
 def _f_star(z_star: PyTree, sol: Solution) -> PyTree:
