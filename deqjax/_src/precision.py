@@ -3,10 +3,9 @@
 On GPUs and TPUs JAX's default precision for float32 matrix products is reduced (TF32-class on
 NVIDIA GPUs: operands rounded to 10 mantissa bits, a relative error near 5e-4 per product). A
 fixed-point solve whose tolerance is below that error reaches it only in the reduced arithmetic:
-measured on an H200 (BENCHMARKS.md, "Honest numbers"), Anderson reported every example of a tanh
-layer converged at a relative tolerance of 1e-4 while a float64 recomputation found relative
-residuals of 3.6e-4 for all of them. CPUs compute float32 products in full precision whatever
-the setting.
+it can report convergence that a float64 recomputation refutes (measured in BENCHMARKS.md,
+"Honest numbers at any matmul precision"). CPUs compute float32 products in full precision
+whatever the setting.
 
 This module holds the three things deqjax does about it:
 

@@ -157,7 +157,7 @@ def tree_vdot(x: PyTree, y: PyTree, batch_ndim: int = 0) -> jax.Array:
     """
     dtype = scalar_dtype(x, y)
     # An elementwise product and a reduction (not jnp.vdot): under vmap this stays a fused reduce,
-    # where a batched dot_general of [B, d] x [B, d] is several times slower on CPU.
+    # where a batched dot_general of [B, d] x [B, d] is slower (BENCHMARKS.md, "Solvers").
     parts = jax.tree_util.tree_map(
         lambda a, b: _sum_tail(conj(a.astype(dtype)) * b.astype(dtype), batch_ndim), x, y
     )
@@ -263,8 +263,8 @@ def tree_set_row(stack: PyTree, i: jax.typing.ArrayLike, x: PyTree, batch_ndim: 
     Implemented as a masked select rather than ``stack.at[i].set(x)``: inside a ``vmap``-ed
     ``while_loop`` (a batch of solves) the index is batched, the update becomes a scatter, and XLA
     must copy the whole buffer for it and again for the loop's per-example select; the select form
-    fuses with that select into one pass over the buffer (20x faster per step on CPU at
-    ``B=128, m=50, d=512``). With a shared (unbatched) row index use :func:`tree_put_row`.
+    fuses with that select into one pass over the buffer (measured in BENCHMARKS.md, "Solvers").
+    With a shared (unbatched) row index use :func:`tree_put_row`.
     """
     i = jnp.asarray(i, jnp.int32)
     bn = batch_ndim
