@@ -49,10 +49,6 @@ then skipped (``solve_at_init=False``): ``init`` returns ``z* = f(z0)`` and a So
 runs exactly as in ``apply`` (our solvers use ``lax.while_loop`` on a pure function, which Haiku
 allows inside a transform — only ``hk.while_loop`` refuses to run during init).
 
-**Train/eval.** ``__call__(x, z0=None, *, is_training=True)``; ``eval_solver`` (default: ``solver``)
-is used when ``is_training=False`` (the papers solve with fewer steps or looser tolerance at
-inference).
-
 **One return type.** ``deq(x, z0)`` always returns ``(z_star, solution)``; :meth:`DEQ.solve` runs
 the same forward pass and returns a :class:`DEQOutput`, which adds this pass's cell map
 ``cell_fn`` (for regularisers and diagnostics: Jacobian regularisation, JR paper Eq. 4, is
@@ -63,8 +59,10 @@ the gradient of ``z*`` (for readouts such as MDEQ's, at no extra cell evaluation
 (``dq.solvers.Anderson(max_steps=30, tol=1e-3)``, frozen and printable, so a config can log it), a
 solver function or a ``functools.partial`` of one, or a user's own callable. The constructor
 turns it into a solver object once (``as_solver``); from there on the DEQ reads its declared
-``batch_native`` and sets ``batch_ndim=1`` by ``replace``. The forward solve runs once per call:
-``init`` skips it (see **Init**), and no adjoint re-runs it under ``grad``.
+``batch_native`` and sets ``batch_ndim=1`` by ``replace``. ``eval_solver`` (default: ``solver``)
+is used when ``is_training=False`` (the papers solve with fewer steps or looser tolerance at
+inference). The forward solve runs once per call: ``init`` skips it (see **Init**), and no
+adjoint re-runs it under ``grad``.
 """
 
 from __future__ import annotations
