@@ -53,6 +53,7 @@ def build(kind: str, *, depth: int, gamma: float, args) -> hk.Transformed:
     # of the compile time.
     adjoint = dq.ImplicitAdjoint(fallback=None if args.fallback == "none" else "gmres")
     reg = dq.regularization.JacobianRegularizer(gamma) if gamma > 0 else None
+    deq = dq.models.DEQSettings(solver, adjoint=adjoint, regularizer=reg)
 
     def forward(tokens, mems, is_training):
         model = dq.models.SequenceModel(
@@ -62,9 +63,7 @@ def build(kind: str, *, depth: int, gamma: float, args) -> hk.Transformed:
             num_heads=args.num_heads,
             depth=depth,
             pre_ln=args.pre_ln,
-            solver=solver,
-            regularizer=reg,
-            adjoint=adjoint,
+            deq=deq,
             embed_init=hk.initializers.RandomNormal(0.02),
         )
         return model(tokens, mems, is_training=is_training)

@@ -51,16 +51,15 @@ TRAIN_BUDGET, BACKWARD_STEPS, TOL, BACKWARD_TOL, LR, CLIP = 6, 6, 1e-3, 1e-4, 3e
 def build(*, gamma: float = 0.0, budget: int = 1) -> hk.Transformed:
     """``apply(params, rng, images, is_training) -> (logits, aux)``."""
     anderson = lambda steps, tol: dq.solvers.Anderson(max_steps=steps, tol=tol, m=5)  # noqa: E731
-    reg = dq.regularization.JacobianRegularizer(gamma) if gamma > 0 else None
+    deq = dq.models.DEQSettings(
+        anderson(TRAIN_BUDGET, TOL),
+        eval_solver=dq.models.budget_solver(budget, tol=TOL),
+        adjoint=dq.ImplicitAdjoint(solver=anderson(BACKWARD_STEPS, BACKWARD_TOL)),
+        regularizer=dq.regularization.JacobianRegularizer(gamma) if gamma > 0 else None,
+    )
 
     def forward(images, is_training):
-        model = dq.models.MDEQClassifier(
-            **CONFIG,
-            solver=anderson(TRAIN_BUDGET, TOL),
-            eval_solver=dq.models.budget_solver(budget, tol=TOL),
-            adjoint=dq.ImplicitAdjoint(solver=anderson(BACKWARD_STEPS, BACKWARD_TOL)),
-            regularizer=reg,
-        )
+        model = dq.models.MDEQClassifier(**CONFIG, deq=deq)
         return model(images, is_training=is_training)
 
     return hk.transform(forward)

@@ -6,6 +6,9 @@
   loss, evaluation and diagnostics.
 * :class:`ScalarDEQ`: the JR paper's §5.1 200-parameter scalar DEQ, its synthetic 1-D data
   (:func:`jr_synthetic_data`); ``experiments/synthetic_1d.py`` draws its Fig. 5.
+* :class:`DEQSettings`: how a model solves its DEQ (forward and evaluation solvers, adjoint, JR
+  regulariser, precision), the one ``deq=`` keyword of :class:`MDEQClassifier`,
+  :class:`SequenceBackbone` and :class:`SequenceModel`.
 * :class:`MDEQClassifier`: the multiscale DEQ image classifier (Bai et al. 2020; JR paper App. A.3):
   stem, ``dq.nn.MultiscaleCell`` in ``dq.nn.DEQ``, readout of ``f(z*)``, pooled linear head;
   :func:`budget_solver` for the JR paper's inference budgets (Table 3).
@@ -17,12 +20,13 @@
 
 >>> import deqjax as dq
 >>> def forward(tokens, mems, is_training):
-...     model = dq.models.SequenceModel(
-...         2000, "deq", d_model=64, solver=dq.solvers.Anderson(max_steps=12, tol=1e-3))
+...     deq = dq.models.DEQSettings(dq.solvers.Anderson(max_steps=12, tol=1e-3))
+...     model = dq.models.SequenceModel(2000, "deq", d_model=64, deq=deq)
 ...     return model(tokens, mems, is_training=is_training)     # (logits, aux)
 """
 
 from deqjax._src.models.classifier_fns import ClassifierFns, classifier_fns
+from deqjax._src.models.deq_settings import DEQSettings
 from deqjax._src.models.language_model import evaluate_lm, lm_loss, token_nll
 from deqjax._src.models.mdeq import MDEQClassifier, budget_solver
 from deqjax._src.models.memory import initial_memory, next_memory, reset_memory
@@ -39,6 +43,7 @@ from deqjax._src.models.sequence_model import SequenceModel
 
 __all__ = [
     "ClassifierFns",
+    "DEQSettings",
     "INIT_FAMILIES",
     "MDEQClassifier",
     "MLPClassifier",

@@ -201,3 +201,93 @@ def test_backward_convergence_monitor_runs_the_same_fallback():
     )
     assert int(sol.status) == dq.solvers.CONVERGED and int(sol.num_steps) > 4000
     np.testing.assert_allclose(sol.value[1], 1.0 / (1.0 + np.sin(1.5434252)), rtol=1e-5)
+
+
+# --- complex states: C^n seen as R^{2n} -----------------------------------------------------------
+
+
+N_C = 5
+
+
+def _complex(rng, *shape):
+    return jnp.asarray(rng.normal(size=shape) + 1j * rng.normal(size=shape))
+
+
+def _complex_maps(seed=0):
+    """A point ``z`` in ``C^5``, a holomorphic map and one through ``conj(z)``."""
+    rng = np.random.default_rng(seed)
+    a, b, z = _complex(rng, N_C, N_C), _complex(rng, N_C, N_C), _complex(rng, N_C)
+    holomorphic = lambda z: jnp.tanh(a @ z)  # noqa: E731
+    with_conj = lambda z: a @ z + 0.5 * b @ jnp.conj(z)  # noqa: E731
+    return z, holomorphic, with_conj
+
+
+def _real_jacobian(f, z):
+    """The dense ``2n × 2n`` Jacobian of ``f`` on ``(Re z, Im z)``."""
+
+    def f_real(r):
+        w = f(jax.lax.complex(r[:N_C], r[N_C:]))
+        return jnp.concatenate([jnp.real(w), jnp.imag(w)])
+
+    return np.asarray(jax.jacfwd(f_real)(jnp.concatenate([jnp.real(z), jnp.imag(z)])))
+
+
+def test_frobenius_of_a_complex_state_against_dense_jacobians():
+    """``‖J_R‖²_F / (2n)``, and ``‖∂f/∂z‖²_F / n`` for a holomorphic map (the old validator
+    refused complex states)."""
+    z, holomorphic, with_conj = _complex_maps()
+    key = jax.random.key(3)
+    for f in (holomorphic, with_conj):
+        exact = np.sum(_real_jacobian(f, z) ** 2) / (2 * N_C)
+        est = jax.jit(functools.partial(jacobian.frobenius_sq, f, num_samples=20000))(z, key)
+        assert est.dtype == jnp.float64 and est.shape == ()
+        np.testing.assert_allclose(float(est), exact, rtol=0.05)  # rel. std <= 0.01
+    a_hol = np.asarray(jax.jacfwd(holomorphic, holomorphic=True)(z))
+    np.testing.assert_allclose(
+        np.sum(_real_jacobian(holomorphic, z) ** 2) / (2 * N_C),
+        np.sum(np.abs(a_hol) ** 2) / N_C,
+        rtol=1e-12,
+    )
+    # complex64: the estimate in float32.
+    z64 = z.astype(jnp.complex64)
+    est64 = jacobian.frobenius_sq(lambda z: 0.5 * z, z64, key, num_samples=4000)
+    assert est64.dtype == jnp.float32 and abs(float(est64) - 0.25) < 0.02
+
+
+def test_spectral_radius_of_a_complex_state_against_dense_eigenvalues():
+    z, holomorphic, with_conj = _complex_maps(1)
+    key = jax.random.key(0)
+    for f in (holomorphic, with_conj):
+        rho = np.max(np.abs(np.linalg.eigvals(_real_jacobian(f, z))))
+        est = float(jacobian.spectral_radius(f, z, key, num_steps=400))
+        assert abs(est - rho) / rho < 1e-6
+    # A dense complex matrix of known spectrum: its dominant eigenvalue is complex.
+    rng = np.random.default_rng(2)
+    eigs = np.array([0.9 * np.exp(0.7j), 0.5, -0.4j, 0.3 + 0.2j, 0.1])
+    s = np.asarray(_complex(rng, N_C, N_C)) + 3 * np.eye(N_C)  # a non-unitary basis
+    m = jnp.asarray(s @ np.diag(eigs) @ np.linalg.inv(s))
+    est = jacobian.spectral_radius(lambda v: m @ v, jnp.zeros(N_C, jnp.complex128), key)
+    assert est.dtype == jnp.float64
+    np.testing.assert_allclose(float(est), 0.9, rtol=1e-6)
+
+
+def test_backward_convergence_of_a_complex_state_against_a_dense_solve():
+    """``u = Aᵀ u + g`` (JAX's VJP convention for a complex state) against ``(I − Aᵀ)⁻¹ g``."""
+    rng = np.random.default_rng(4)
+    a = np.asarray(_complex(rng, N_C, N_C))
+    a = 0.7 * a / np.max(np.abs(np.linalg.eigvals(a)))
+    x, g = _complex(rng, N_C), _complex(rng, N_C)
+
+    def affine(p, x, z):
+        return p @ z + x
+
+    z_star = jnp.linalg.solve(jnp.eye(N_C, dtype=jnp.complex128) - a, x)
+    want = np.linalg.solve(np.eye(N_C) - a.T, np.asarray(g))
+    for solver in (dq.solvers.Anderson(max_steps=100, tol=1e-13), dq.solvers.GMRES(tol=1e-13)):
+        run = functools.partial(jacobian.backward_convergence, affine, solver=solver)
+        sol = jax.jit(run)(jnp.asarray(a), x, z_star, g)
+        assert int(sol.status) == dq.solvers.CONVERGED
+        np.testing.assert_allclose(np.asarray(sol.value), want, rtol=1e-10)
+    # The cotangent must be a state too: a mixed or integer one is refused by name.
+    with pytest.raises(ValueError, match="cotangent"):
+        jacobian.backward_convergence(affine, jnp.asarray(a), x, z_star, jnp.zeros(N_C, int))

@@ -55,6 +55,39 @@ def test_penalty_gradient_matches_finite_differences_float64():
     assert np.all(np.isfinite(np.asarray(g))) and float(jnp.max(jnp.abs(g))) > 0
 
 
+def test_penalty_of_a_complex_state_against_the_dense_jacobian_and_its_gradient():
+    """A complex ``z*``: the term is ``γ ‖J_R‖²_F / (2d)``, ``γ ‖A‖²_F / d`` for the holomorphic
+    ``z ↦ A z + x`` (the old validator refused complex states); its gradient in ``A`` that of
+    the dense ``γ ‖A‖²_F / d`` (many probes) and, at fixed probes, finite differences."""
+    rng = np.random.default_rng(5)
+    a = jnp.asarray(0.3 * (rng.normal(size=(D, D)) + 1j * rng.normal(size=(D, D))))
+    x = jnp.asarray(rng.normal(size=D) + 1j * rng.normal(size=D))
+    z = jnp.linalg.solve(jnp.eye(D, dtype=jnp.complex128) - a, x)
+    key = jax.random.key(4)
+    reg = JacobianRegularizer(1.5, p=1.0, num_samples=20000)
+
+    def term(a):
+        return reg.penalty(lambda zz: a @ zz + x, z, key)[0]
+
+    def dense(a):
+        return 1.5 * jnp.sum(jnp.abs(a) ** 2) / D
+
+    value, grad = jax.jit(jax.value_and_grad(term))(a)
+    assert value.dtype == jnp.float64
+    np.testing.assert_allclose(float(value), float(dense(a)), rtol=0.05)  # rel. std <= 0.01
+    want = jax.grad(dense)(a)
+    assert float(jnp.max(jnp.abs(grad - want))) < 0.05 * float(jnp.max(jnp.abs(want)))
+    few = JacobianRegularizer(1.5, p=1.0, num_samples=2)
+    check_grads(
+        lambda a: few.penalty(lambda zz: jnp.tanh(a @ zz) + x, z, key)[0],
+        (a,),
+        order=1,
+        modes=["rev"],
+        atol=1e-6,
+        rtol=1e-6,
+    )
+
+
 @pytest.mark.slow
 def test_penalty_through_fixed_point_and_differentiate_z_star():
     p, x = problem(2)

@@ -11,6 +11,7 @@ they set one themselves.
 from __future__ import annotations
 
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -191,16 +192,29 @@ def test_bad_precision_is_refused_by_name(bad):
         deq_settings.DEQSettings(precision=bad)  # what the models hold
 
 
-def test_precision_is_normalised_once_per_path(monkeypatch):
-    """``DEQSettings`` → ``DEQ`` → ``fixed_point`` validates the value once; the later entries
-    pass the normalised value on."""
+def _count_checks(monkeypatch) -> list:
+    """Records every call of ``check_precision``, through any module's binding of it."""
+    calls = []
+    real = precision_lib.check_precision
+
+    def counting(precision, *args, **kwargs):
+        calls.append(precision)
+        return real(precision, *args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("deqjax") and getattr(module, "check_precision", None) is real:
+            monkeypatch.setattr(module, "check_precision", counting)
+    return calls
+
+
+def test_precision_is_checked_once_where_the_user_passes_it(monkeypatch):
+    """``DEQSettings`` checks its ``precision`` once, when built; the DEQ it builds in every
+    trace takes the checked value through the internal entry (``CheckedDEQ``) and hands
+    ``fixed_point`` none: no second check (once per trace of the DEQ before)."""
     hk = pytest.importorskip("haiku")
+    calls = _count_checks(monkeypatch)
     settings = deq_settings.DEQSettings(precision="highest")
-    assert isinstance(settings.precision, precision_lib.Precision)
-    assert check_precision(settings.precision) is settings.precision
-    validated = []
-    real = precision_lib._accepted
-    monkeypatch.setattr(precision_lib, "_accepted", lambda p: validated.append(p) or real(p))
+    assert settings.precision == "highest"
 
     def forward(x):
         cell = lambda z, x: jnp.tanh(hk.Linear(D)(z) + x)  # noqa: E731
@@ -211,8 +225,14 @@ def test_precision_is_normalised_once_per_path(monkeypatch):
     model = hk.transform(forward)
     params = model.init(jax.random.PRNGKey(0), x)
     jax.jit(model.apply).lower(params, None, x)  # the DEQ and its fixed_point traced
-    assert validated == []
-    # The DEQ's products at the normalised precision: no check is needed at "highest".
+    assert [p for p in calls if p is not None] == ["highest"]
+    # The DEQ's products at the checked precision: no check is needed at "highest".
     with jax.default_matmul_precision("default"):
         text = jax.jit(model.apply).lower(params, None, x).as_text()
     assert _cell_dots(text)[1] == 0
+
+    # A dq.nn.DEQ built by the user checks its value (once per construction, i.e. per trace).
+    calls.clear()
+    direct = hk.transform(lambda x: dq.nn.DEQ(lambda z, x: z + x, precision="highest")(x))
+    direct.init(jax.random.PRNGKey(0), x)
+    assert [p for p in calls if p is not None] == ["highest"]

@@ -94,6 +94,7 @@ PUBLIC = {
     ],
     "deqjax.models": [
         "ClassifierFns",
+        "DEQSettings",
         "INIT_FAMILIES",
         "MDEQClassifier",
         "MLPClassifier",

@@ -10,7 +10,14 @@
   statistics through the :class:`~deqjax.BackwardStats` gradient channel instead.
 
 All three take the map ``z ↦ f(z)`` at fixed parameters as a closure (e.g. ``lambda z: cell(params,
-x, z)``); ``z`` may be any pytree of float arrays and ``d`` is always its total number of entries.
+x, z)``); ``z`` may be any state the solvers take (:func:`deqjax._src.tree.check_state_tree`: a
+pytree of float arrays, or of complex arrays) and ``d`` is always its total number of entries.
+
+**Complex states.** A complex state is a vector of ``C^n`` seen as ``R^{2n}`` (real and imaginary
+parts), and ``J`` is the real Jacobian ``J_R`` of ``f`` there (``2n × 2n``; ``f`` may use
+``conj(z)``). For a holomorphic ``f``, with complex Jacobian ``A = ∂f/∂z``,
+``J_R = [[Re A, −Im A], [Im A, Re A]]``: ``‖J_R‖²_F / (2n) = ‖A‖²_F / n`` and the eigenvalues of
+``J_R`` are those of ``A`` and their conjugates, so both diagnostics then read as ``A``'s.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ def _check_map(f: MapFn, z: PyTree, key: Any, count: int, count_name: str) -> jn
     """Checks the arguments shared by the two estimators; returns ``z``'s reduction dtype."""
     if not callable(f):
         raise ValueError(f"f must be callable, got {type(f).__name__}.")
-    tree.check_float_tree(z, "z")
+    tree.check_state_tree(z, "z")
     if not isinstance(key, jax.Array):
         raise ValueError(f"key must be a jax.random key array, got {type(key).__name__}.")
     checks.check_positive_int(count, count_name)
@@ -44,7 +51,8 @@ def _check_map(f: MapFn, z: PyTree, key: Any, count: int, count_name: str) -> jn
 
 
 def _normal_like(key: jax.Array, z: PyTree) -> PyTree:
-    """A pytree like ``z`` of i.i.d. standard normals (one independent key per leaf)."""
+    """A pytree like ``z`` of i.i.d. standard normals (one independent key per leaf); on a complex
+    leaf standard complex normals (``E|ε_i|² = 1``: real and imaginary parts of variance 1/2)."""
     leaves, treedef = jax.tree_util.tree_flatten(z)
     keys = jax.random.split(key, len(leaves))
     samples = [jax.random.normal(k, jnp.shape(leaf), leaf.dtype) for k, leaf in zip(keys, leaves)]
@@ -68,18 +76,24 @@ def frobenius_sq(f: MapFn, z: PyTree, key: jax.Array, *, num_samples: int = 1) -
     acting per example, the Jacobian is block-diagonal and the result is the batch mean of the
     per-example ``‖J_i‖²_F / d_i`` — the normalisation of the JR paper's reference code.
 
+    For a complex ``z`` (``d`` complex entries) the probes are standard complex normals and the
+    estimate is that of ``‖J_R‖²_F / (2d)`` (module docstring), ``‖∂f/∂z‖²_F / d`` for a
+    holomorphic ``f``.
+
     Args:
       f: the map ``z ↦ f(z)`` (parameters and input bound, e.g. ``lambda z: cell(p, x, z)``).
-      z: the point (usually the equilibrium ``z*``), any pytree of float arrays.
+      z: the point (usually the equilibrium ``z*``), a pytree of float arrays, or of complex
+        arrays.
       key: a ``jax.random`` key for the probe vectors.
       num_samples: ``M``, the number of probe vectors (``>= 1``).
 
     Returns:
-      A scalar in the reduction dtype of ``z`` (float64 if any leaf is float64, else float32).
+      A real scalar in the reduction dtype of ``z`` (float64 if any leaf is float64 or
+      complex128, else float32).
 
     Raises:
-      ValueError: if ``f`` is not callable, ``z`` is not a float pytree, ``key`` is not an array,
-        or ``num_samples`` is not a positive int.
+      ValueError: if ``f`` is not callable, ``z`` is not a state (float or complex pytree),
+        ``key`` is not an array, or ``num_samples`` is not a positive int.
 
     Example:
       >>> z_star, _ = dq.fixed_point(cell, params, x, z0)
@@ -90,8 +104,25 @@ def frobenius_sq(f: MapFn, z: PyTree, key: jax.Array, *, num_samples: int = 1) -
     _, vjp = jax.vjp(f, z)
     probes = jax.vmap(lambda k: _normal_like(k, z))(jax.random.split(key, num_samples))
     (eps_j,) = jax.vmap(vjp)(probes)  # [M, ...] per leaf
-    sq = sum(jnp.sum(jnp.square(leaf.astype(dtype))) for leaf in jax.tree_util.tree_leaves(eps_j))
-    return sq / jnp.asarray(num_samples * d, dtype)
+    return tree.tree_sq_norm(eps_j).astype(dtype) / jnp.asarray(num_samples * d, dtype)
+
+
+def _as_real(t: PyTree) -> PyTree:
+    """A complex pytree as a real one: each leaf ``a`` becomes ``[Re a, Im a]`` (a new leading
+    axis of 2, in ``a``'s real dtype)."""
+    return jax.tree_util.tree_map(lambda a: jnp.stack([jnp.real(a), jnp.imag(a)]), t)
+
+
+def _as_complex(t: PyTree) -> PyTree:
+    """The inverse of :func:`_as_real`."""
+    return jax.tree_util.tree_map(lambda r: jax.lax.complex(r[0], r[1]), t)
+
+
+def _realified(f: MapFn, z: PyTree) -> tuple[MapFn, PyTree]:
+    """``f`` and ``z`` on ``R^{2n}`` for a complex ``z`` (module docstring); as given otherwise."""
+    if not tree.is_complex(z):
+        return f, z
+    return lambda r: _as_real(f(_as_complex(r))), _as_real(z)
 
 
 def _ritz_radius(h11, h12, h21, h22):
@@ -140,9 +171,15 @@ def spectral_radius(f: MapFn, z: PyTree, key: jax.Array, *, num_steps: int = 100
     examples (a block-diagonal ``J``), reached at the rate of the slowest block; ``jax.vmap`` this
     function for per-example radii.
 
+    For a complex ``z`` the method runs on its real and imaginary parts: the result is
+    ``ρ(J_R)`` (module docstring), ``ρ(∂f/∂z)`` for a holomorphic ``f``, and it is right also for
+    an ``f`` that uses ``conj(z)``. A dominant complex eigenvalue ``λ`` of a holomorphic ``f``
+    appears in ``J_R`` as the pair ``λ, conj(λ)``, which the Rayleigh–Ritz step above resolves.
+
     Args:
       f: the map ``z ↦ f(z)`` (parameters and input bound).
-      z: the point (usually the equilibrium ``z*``), any pytree of float arrays.
+      z: the point (usually the equilibrium ``z*``), a pytree of float arrays, or of complex
+        arrays.
       key: a ``jax.random`` key for the starting vector.
       num_steps: power iterations (``>= 1``); the total cost is ``num_steps + 1`` JVPs.
 
@@ -150,14 +187,15 @@ def spectral_radius(f: MapFn, z: PyTree, key: jax.Array, *, num_steps: int = 100
       A non-negative scalar in the reduction dtype of ``z``.
 
     Raises:
-      ValueError: for a non-callable ``f``, a non-float ``z``, a non-array ``key`` or
-        ``num_steps < 1``.
+      ValueError: for a non-callable ``f``, a ``z`` that is not a state (float or complex
+        pytree), a non-array ``key`` or ``num_steps < 1``.
 
     Example:
       >>> rho = dq.jacobian.spectral_radius(lambda z: cell(params, x, z), z_star, key)
     """
     dtype = _check_map(f, z, key, num_steps, "num_steps")
     z = jax.lax.stop_gradient(jax.tree_util.tree_map(jnp.asarray, z))
+    f, z = _realified(f, z)
     _, jvp = jax.linearize(f, z)
     tiny = jnp.asarray(jnp.finfo(dtype).tiny, dtype)
 
@@ -217,7 +255,10 @@ def backward_convergence(
       x: its input.
       z_star: the (forward) fixed point.
       cotangent: ``g = ∂ℓ/∂z*``, a pytree like ``z_star``, e.g.
-        ``jax.grad(lambda z: loss(head(z)))(z_star)``.
+        ``jax.grad(lambda z: loss(head(z)))(z_star)``. For a complex ``z_star`` it is JAX's
+        cotangent (what ``jax.grad`` of a real loss returns), and ``uᵀ J`` is the VJP of ``f`` in
+        JAX's convention (``Aᵀ u``, no conjugation, for a holomorphic ``f`` of Jacobian ``A``),
+        as in the implicit gradient.
       solver: the backward solver ``(h, u0) -> Solution``, e.g.
         ``dq.solvers.Anderson(max_steps=6, tol=1e-4)`` (an object, a function or a
         ``functools.partial``); default ``anderson``.
@@ -234,8 +275,8 @@ def backward_convergence(
       ``trace`` is the first solve's.
 
     Raises:
-      ValueError: if ``f`` or ``solver`` is not callable or ``z_star``/``cotangent`` are not float
-        pytrees.
+      ValueError: if ``f`` or ``solver`` is not callable or ``z_star``/``cotangent`` are not
+        states (float or complex pytrees).
 
     Example:
       >>> g = jax.grad(lambda z: jnp.sum((z - y) ** 2))(z_star)
@@ -245,8 +286,8 @@ def backward_convergence(
     if not callable(f):
         raise ValueError(f"f must be callable, got {type(f).__name__}.")
     solver = as_solver(solver)
-    tree.check_float_tree(z_star, "z_star")
-    tree.check_float_tree(cotangent, "cotangent")
+    tree.check_state_tree(z_star, "z_star")
+    tree.check_state_tree(cotangent, "cotangent")
     fallback = backward_solve.normalise_fallback(fallback)
     config = backward_solve.resolve_backward(solver, fallback, batch_ndim=batch_ndim)
     stop = jax.lax.stop_gradient

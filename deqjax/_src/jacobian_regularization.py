@@ -95,9 +95,11 @@ class JacobianRegularizer:
           f_z: the cell at fixed parameters and input, ``z ↦ f(params, x, z)`` — a pure closure
             (inside ``hk.transform``, over the cell's params as ``lambda z: apply(p, x, z)``).
             The penalty's gradient reaches the parameters through this closure.
-          z_star: the equilibrium, any pytree of float arrays (a whole batch: ``d`` is its total
-            size, so the estimate is the batch mean of per-example ``‖J‖²_F / d``). Do not
-            ``vmap`` the penalty over examples: the gate is one coin per step.
+          z_star: the equilibrium, a pytree of float arrays, or of complex arrays (a whole
+            batch: ``d`` is its total size, so the estimate is the batch mean of per-example
+            ``‖J‖²_F / d``; for a complex state, the real Jacobian's ``‖J_R‖²_F / (2d)``, see
+            :func:`~deqjax.jacobian.frobenius_sq`). Do not ``vmap`` the penalty over examples:
+            the gate is one coin per step.
           key: a ``jax.random`` key, fresh every step; split here into the gate and the probes.
           step: the training step, passed to a ``gamma`` schedule (ignored for a constant).
           gamma: overrides the configured ``γ`` (e.g. ``AdaptiveGammaState.gamma`` from
@@ -116,7 +118,7 @@ class JacobianRegularizer:
         """
         if not callable(f_z):
             raise ValueError(f"f_z must be callable, got {type(f_z).__name__}.")
-        tree.check_float_tree(z_star, "z_star")
+        tree.check_state_tree(z_star, "z_star")
         if not isinstance(key, jax.Array):
             raise ValueError(f"key must be a jax.random key array, got {type(key).__name__}.")
         dtype = tree.reduction_dtype(z_star)

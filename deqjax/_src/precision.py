@@ -3,16 +3,15 @@
 On GPUs and TPUs JAX's default precision for float32 matrix products is reduced (TF32-class on
 NVIDIA GPUs: operands rounded to 10 mantissa bits, a relative error near 5e-4 per product). A
 fixed-point solve whose tolerance is below that error reaches it only in the reduced arithmetic:
-measured on an H200 (BENCHMARKS.md, "Honest numbers"), Anderson reported every example of a tanh
-layer converged at a relative tolerance of 1e-4 while a float64 recomputation found relative
-residuals of 3.6e-4 for all of them. CPUs compute float32 products in full precision whatever
-the setting.
+it can report convergence that a float64 recomputation refutes (measured in BENCHMARKS.md,
+"Honest numbers at any matmul precision"). CPUs compute float32 products in full precision
+whatever the setting.
 
 This module holds the three things deqjax does about it:
 
-* **The cell's precision** (``precision=`` of ``dq.fixed_point`` and ``dq.nn.DEQ``):
-  :func:`check_precision` normalises the value once (a :class:`Precision`, which later checks
-  pass through), and :func:`at_precision` wraps the cell so that each of its evaluations is
+* **The cell's precision** (``precision=`` of ``dq.fixed_point``, ``dq.nn.DEQ`` and
+  ``dq.models.DEQSettings``): :func:`check_precision` checks the value once, at the entry where
+  the user passes it, and :func:`at_precision` wraps the cell so that each of its evaluations is
   traced under :func:`jax.default_matmul_precision`: the forward solve, the backward solve's VJPs
   and the final VJP (a VJP's products inherit the precision of the products they transpose),
   whatever transformation later traces them.
@@ -46,32 +45,29 @@ PRECISIONS = ("default", "high", "highest", "bfloat16", "tensorfloat32", "float3
 FULL = frozenset({"highest", "float32", "F32_F32_F32", "F64_F64_F64"})
 
 
-class Precision(str):
-    """A matmul precision that :func:`check_precision` accepted (a ``str``; checks pass it on)."""
+def check_precision(precision: Any, name: str = "precision") -> str | None:
+    """``precision``, if :func:`jax.default_matmul_precision` accepts it, else ``ValueError``.
 
-
-def check_precision(precision: Any, name: str = "precision") -> Precision | None:
-    """``precision`` normalised, if :func:`jax.default_matmul_precision` accepts it, else
-    ``ValueError``.
-
-    Every entry that takes ``precision=`` calls this; a value it returned (a :class:`Precision`)
-    is passed on without a second check, so a path (``DEQSettings`` → ``DEQ`` → ``fixed_point``)
-    validates once.
+    Called once per value, by the public entry the user passes it to (``dq.fixed_point``,
+    ``dq.nn.DEQ``, ``dq.models.DEQSettings``); what it returns is passed on to the internal
+    entries, which do not check it again (``DEQSettings`` builds its DEQ through
+    :class:`deqjax._src.nn.deq.CheckedDEQ`; a DEQ wraps its cell itself and hands
+    ``dq.fixed_point`` no precision).
 
     Args:
       precision: ``None`` (JAX's default), one of :data:`PRECISIONS`, or the name of a
         ``jax.lax.DotAlgorithmPreset`` (e.g. ``"F32_F32_F32"``).
       name: the argument's name for the error message.
     """
-    if precision is None or isinstance(precision, Precision):
-        return precision
+    if precision is None:
+        return None
     if not _accepted(precision):
         raise ValueError(
             f"{name} must be None or a matmul precision jax.default_matmul_precision accepts "
             f"({', '.join(map(repr, PRECISIONS))}, or a DotAlgorithmPreset name), got "
             f"{precision!r}."
         )
-    return Precision(precision)
+    return precision
 
 
 def _accepted(precision: Any) -> bool:

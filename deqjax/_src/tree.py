@@ -79,20 +79,6 @@ def tree_conj(x: PyTree) -> PyTree:
     return jax.tree_util.tree_map(conj, x)
 
 
-def check_float_tree(tree: PyTree, name: str) -> None:
-    """Raises ``ValueError`` naming ``name`` unless ``tree`` is a non-empty float pytree."""
-    leaves = jax.tree_util.tree_leaves(tree)
-    if not leaves:
-        raise ValueError(f"{name} must be a non-empty pytree of float arrays, got {tree!r}.")
-    for leaf in leaves:
-        dtype = leaf_dtype(leaf)
-        if not jnp.issubdtype(dtype, jnp.floating):
-            raise ValueError(
-                f"{name} must contain only floating-point arrays; found a leaf of dtype {dtype}. "
-                f"Cast it, e.g. jnp.asarray(x, jnp.float32)."
-            )
-
-
 def check_state_tree(tree: PyTree, name: str) -> None:
     """Raises ``ValueError`` naming ``name`` unless ``tree`` is a non-empty pytree of inexact
     arrays, all real floats or all complex.
@@ -103,10 +89,15 @@ def check_state_tree(tree: PyTree, name: str) -> None:
     coefficients (Anderson's mixing, Broyden's updates, Krylov bases), which a real leaf cannot
     hold; cast the real leaves to complex (or split the complex ones into real and imaginary
     parts). Integer and boolean leaves are refused.
+
+    This is the one validator of a state: the solvers, ``dq.fixed_point``, ``dq.nn.DEQ``, the
+    Jacobian tools and Jacobian regularisation all call it.
     """
     leaves = jax.tree_util.tree_leaves(tree)
     if not leaves:
-        raise ValueError(f"{name} must be a non-empty pytree of float arrays, got {tree!r}.")
+        raise ValueError(
+            f"{name} must be a non-empty pytree of float or complex arrays, got {tree!r}."
+        )
     kinds = set()
     for leaf in leaves:
         dtype = leaf_dtype(leaf)
@@ -166,7 +157,7 @@ def tree_vdot(x: PyTree, y: PyTree, batch_ndim: int = 0) -> jax.Array:
     """
     dtype = scalar_dtype(x, y)
     # An elementwise product and a reduction (not jnp.vdot): under vmap this stays a fused reduce,
-    # where a batched dot_general of [B, d] x [B, d] is several times slower on CPU.
+    # where a batched dot_general of [B, d] x [B, d] is slower (BENCHMARKS.md, "Solvers").
     parts = jax.tree_util.tree_map(
         lambda a, b: _sum_tail(conj(a.astype(dtype)) * b.astype(dtype), batch_ndim), x, y
     )
@@ -272,8 +263,8 @@ def tree_set_row(stack: PyTree, i: jax.typing.ArrayLike, x: PyTree, batch_ndim: 
     Implemented as a masked select rather than ``stack.at[i].set(x)``: inside a ``vmap``-ed
     ``while_loop`` (a batch of solves) the index is batched, the update becomes a scatter, and XLA
     must copy the whole buffer for it and again for the loop's per-example select; the select form
-    fuses with that select into one pass over the buffer (20x faster per step on CPU at
-    ``B=128, m=50, d=512``). With a shared (unbatched) row index use :func:`tree_put_row`.
+    fuses with that select into one pass over the buffer (measured in BENCHMARKS.md, "Solvers").
+    With a shared (unbatched) row index use :func:`tree_put_row`.
     """
     i = jnp.asarray(i, jnp.int32)
     bn = batch_ndim

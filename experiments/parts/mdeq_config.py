@@ -58,6 +58,12 @@ class MDEQConfig:
         forward_solver = dq.solvers.Anderson(max_steps=self.train_budget, tol=self.tol, m=5)
         backward = dq.solvers.Anderson(max_steps=self.backward_steps, tol=self.backward_tol, m=5)
         jr = dq.regularization.JacobianRegularizer(gamma, p=self.jr_p) if gamma > 0 else None
+        deq = dq.models.DEQSettings(
+            forward_solver,
+            eval_solver=dq.models.budget_solver(budget, tol=self.tol),
+            adjoint=dq.ImplicitAdjoint(solver=backward),
+            regularizer=jr,
+        )
 
         def forward(images, is_training):
             model = dq.models.MDEQClassifier(
@@ -67,10 +73,7 @@ class MDEQConfig:
                 dropout_rate=self.dropout,
                 stem_stride=self.stem_stride,
                 head_grid=self.head_grid,
-                solver=forward_solver,
-                eval_solver=dq.models.budget_solver(budget, tol=self.tol),
-                regularizer=jr,
-                adjoint=dq.ImplicitAdjoint(solver=backward),
+                deq=deq,
             )
             return model(images, is_training=is_training)
 

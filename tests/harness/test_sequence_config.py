@@ -13,10 +13,12 @@ from deqjax import harness
 def test_model_arguments():
     c = harness.SequenceModelConfig(d_model=8, num_heads=2, max_steps=3, adjoint="phantom")
     kwargs = c.model_kwargs()
-    assert kwargs["solver"] == dq.solvers.Anderson(max_steps=3, tol=1e-3)
-    assert (kwargs["adjoint"].tau, kwargs["regularizer"], kwargs["ffn_init"]) == (0.8, None, None)
+    deq = kwargs["deq"]  # the model's one DEQ keyword
+    assert isinstance(deq, dq.models.DEQSettings)
+    assert deq.solver == dq.solvers.Anderson(max_steps=3, tol=1e-3)
+    assert (deq.adjoint.tau, deq.regularizer, kwargs["ffn_init"]) == (0.8, None, None)
     kwargs = harness.SequenceModelConfig(jr_gamma=0.5, ffn_init="goe", d_ff=64).model_kwargs()
-    assert kwargs["regularizer"].gamma == 0.5 and kwargs["d_ff"] == 64
+    assert kwargs["deq"].regularizer.gamma == 0.5 and kwargs["d_ff"] == 64
     assert kwargs["ffn_init"] is not None
     assert harness.SequenceModelConfig.SMOKE == {"d_model": 16, "num_heads": 2, "max_steps": 4}
 

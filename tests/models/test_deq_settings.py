@@ -1,6 +1,8 @@
 """How a model solves its DEQ: solvers normalised once, the regulariser checked, the JR entries."""
 
+import dataclasses
 import functools
+import inspect
 
 import haiku as hk
 import jax
@@ -27,6 +29,8 @@ def test_solvers_become_objects_once():
         (dict(solver="anderson"), "solver"),
         (dict(eval_solver=3), "eval_solver"),
         (dict(regularizer=0.5), "regularizer"),
+        (dict(adjoint="implicit"), "adjoint"),  # when built, not when a model is traced
+        (dict(precision="fastest"), "precision"),
     ],
 )
 def test_bad_settings_raise(kw, match):
@@ -55,3 +59,37 @@ def test_solve_gives_the_jr_entries_only_when_training():
     assert float(jr_train["jr/applied"]) == 1.0 and float(jr_train["jr/frobenius_sq"]) > 0
     np.testing.assert_allclose(jr_train["jr"], 2.0 * jr_train["jr/frobenius_sq"], rtol=1e-12)
     assert all(float(v) == 0.0 for v in jr_eval.values())
+
+
+@pytest.mark.parametrize("model", [dq.models.MDEQClassifier, dq.models.SequenceBackbone])
+def test_models_take_the_settings_as_one_keyword(model):
+    """The DEQ keyword block is ``deq=``, a ``DEQSettings``, not repeated in each model."""
+    params = inspect.signature(model.__init__).parameters
+    assert params["deq"].kind is inspect.Parameter.KEYWORD_ONLY and params["deq"].default is None
+    fields = {f.name for f in dataclasses.fields(DEQSettings)}
+    assert fields == {"solver", "eval_solver", "adjoint", "regularizer", "precision"}
+    assert not fields & set(params)
+
+
+def test_a_models_deq_settings_reach_its_deq():
+    """``SequenceModel(..., deq=DEQSettings(...))``: the backbone's DEQ solves with its solver
+    and evaluation solver, and adds its regulariser's terms."""
+    deq = DEQSettings(
+        dq.solvers.FixedPointIteration(max_steps=3, tol=0.0),
+        eval_solver=dq.solvers.FixedPointIteration(max_steps=2, tol=0.0),
+        regularizer=dq.regularization.JacobianRegularizer(1.0),
+    )
+
+    def forward(tokens, is_training):
+        model = dq.models.SequenceModel(11, "deq", d_model=8, num_heads=2, deq=deq)
+        return model(tokens, is_training=is_training)[1]
+
+    t = hk.transform(forward)
+    tokens = jnp.zeros((2, 3), jnp.int32)
+    with jax.numpy_dtype_promotion("standard"):
+        params = t.init(jax.random.PRNGKey(0), tokens, True)
+        train = t.apply(params, jax.random.PRNGKey(1), tokens, True)
+        evaluate = t.apply(params, None, tokens, False)
+    assert float(train["nfe"]) == 3 and float(evaluate["nfe"]) == 2
+    assert float(train["jr/applied"]) == 1 and float(train["jr"]) > 0
+    assert float(evaluate["jr"]) == 0

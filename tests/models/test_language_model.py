@@ -61,8 +61,10 @@ def _lm(kind: str = "deq") -> hk.Transformed:
             d_model=D,
             num_heads=2,
             depth=2,
-            solver=dq.solvers.Anderson(max_steps=3, tol=1e-3, m=5),
-            regularizer=dq.regularization.JacobianRegularizer(0.1, p=0.5),
+            deq=dq.models.DEQSettings(
+                dq.solvers.Anderson(max_steps=3, tol=1e-3, m=5),
+                regularizer=dq.regularization.JacobianRegularizer(0.1, p=0.5),
+            ),
         )(tokens, mems, is_training=is_training)
 
     return hk.transform(forward)

@@ -27,9 +27,11 @@ def _model(budget: int, tol: float = 1e-3, regularizer=None) -> hk.Transformed:
             CHANNELS,
             num_groups=GROUPS,
             expansion=1,
-            solver=dq.solvers.Anderson(max_steps=3, tol=tol, m=5),
-            eval_solver=dq.models.budget_solver(budget, tol=tol),
-            regularizer=regularizer,
+            deq=dq.models.DEQSettings(
+                dq.solvers.Anderson(max_steps=3, tol=tol, m=5),
+                eval_solver=dq.models.budget_solver(budget, tol=tol),
+                regularizer=regularizer,
+            ),
         )(images, is_training=is_training)
 
     return hk.transform(forward)
@@ -140,6 +142,10 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="images"):
         _model(1).init(jax.random.PRNGKey(0), np.zeros((32, 32, 3), np.float32), False)
     with pytest.raises(ValueError, match="regularizer"):
-        hk.transform(lambda x: dq.models.MDEQClassifier(regularizer=0.5)(x, is_training=True)).init(
-            jax.random.PRNGKey(0), np.zeros((1, 32, 32, 3), np.float32)
-        )
+        dq.models.DEQSettings(regularizer=0.5)
+    # A solver where its settings are expected: named, with the type that replaces it.
+    bad = hk.transform(
+        lambda x: dq.models.MDEQClassifier(deq=dq.solvers.Anderson())(x, is_training=True)
+    )
+    with pytest.raises(ValueError, match=r"deq must be a dq\.models\.DEQSettings"):
+        bad.init(jax.random.PRNGKey(0), np.zeros((1, 32, 32, 3), np.float32))

@@ -26,7 +26,7 @@ def _model(kind: str, depth: int = DEPTH, cell: str = "transformer") -> hk.Trans
             d_model=D,
             num_heads=2,
             depth=depth,
-            solver=dq.solvers.Anderson(max_steps=6, tol=1e-4, m=5),
+            deq=dq.models.DEQSettings(dq.solvers.Anderson(max_steps=6, tol=1e-4, m=5)),
         )(x, mems, is_training=False)
 
     model = hk.without_apply_rng(hk.transform(forward))
@@ -133,7 +133,7 @@ def test_ffn_init_and_width_reach_the_cell(kind):
             depth=2,
             d_ff=D,
             ffn_init=dq.initializers.GOE(sigma),
-            solver=dq.solvers.Anderson(max_steps=4, tol=1e-4),
+            deq=dq.models.DEQSettings(dq.solvers.Anderson(max_steps=4, tol=1e-4)),
         )(x, is_training=False)
 
     params = hk.transform(forward).init(jax.random.PRNGKey(0), _normal(0, (B, T, D)))

@@ -375,3 +375,78 @@ def test_deq_with_a_solver_object_is_batch_native():
     z, sol = t.apply(params, None, x)
     assert z.shape == (3, 6) and sol.status.shape == (3,) and sol.trace.shape == (3, 40)
     assert np.all(np.asarray(sol.status) == dq.solvers.CONVERGED)
+
+
+# --- complex states -------------------------------------------------------------------------------
+
+N_C = 4
+
+
+def _complex_problem():
+    """``A`` (spectral radius 0.7), an input ``x [B, N]`` and the loss weights ``c``, complex."""
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(N_C, N_C)) + 1j * rng.normal(size=(N_C, N_C))
+    a = 0.7 * a / np.max(np.abs(np.linalg.eigvals(a)))
+    x = rng.normal(size=(B, N_C)) + 1j * rng.normal(size=(B, N_C))
+    c = rng.normal(size=(B, N_C)) + 1j * rng.normal(size=(B, N_C))
+    return jnp.asarray(a), jnp.asarray(x), jnp.asarray(c)
+
+
+def _complex_loss(z, c):
+    return jnp.sum(jnp.abs(z) ** 2) + jnp.real(jnp.sum(c * z))
+
+
+@pytest.mark.parametrize(
+    "solver, per_example",
+    [
+        (dq.solvers.Anderson(max_steps=100, tol=1e-13), True),  # batch-native
+        (lambda f, z0: dq.solvers.anderson(f, z0, max_steps=100, tol=1e-13), True),  # vmap
+        (dq.solvers.Broyden(max_steps=100, tol=1e-13), False),  # whole batch
+    ],
+    ids=["batch-native", "vmap", "whole-batch"],
+)
+def test_complex_input_and_state_against_the_dense_implicit_gradient(solver, per_example):
+    """A complex ``x`` (and so ``z0 = zeros_like(x)``) through ``dq.nn.DEQ``: ``z*`` and the
+    gradient in the cell's parameters and ``x`` equal the dense answer, autodiff of
+    ``z* = (I − A)⁻¹ x`` (the implicit function theorem, densely); the JR penalty of the pass's
+    cell map is ``γ ‖A‖²_F / N``. Before, the DEQ refused a complex state and advised casting it
+    to float32 (which drops the imaginary part)."""
+    a, x, c = _complex_problem()
+    reg = dq.regularization.JacobianRegularizer(2.0, num_samples=4000)
+
+    def cell(z, x):
+        w = hk.get_parameter("A", (N_C, N_C), jnp.complex128, init=lambda *_: a)
+        return z @ w.T + x
+
+    def forward(x):
+        out = nn.DEQ(cell, solver=solver, per_example=per_example).solve(x)
+        jr, _ = reg.penalty(out.cell_fn, out.z_star, jax.random.key(0))
+        return out.z_star, out.solution, jr
+
+    t = hk.transform(forward)
+    params = t.init(jax.random.PRNGKey(0), x)
+    z, sol, jr = jax.jit(t.apply)(params, None, x)
+    assert z.dtype == jnp.complex128
+    assert np.all(np.asarray(sol.status) == dq.solvers.CONVERGED)
+    dense_z = lambda a, x: jnp.linalg.solve(jnp.eye(N_C, dtype=a.dtype) - a, x.T).T  # noqa: E731
+    np.testing.assert_allclose(np.asarray(z), np.asarray(dense_z(a, x)), rtol=1e-10)
+    np.testing.assert_allclose(float(jr), 2.0 * float(jnp.sum(jnp.abs(a) ** 2)) / N_C, rtol=0.1)
+
+    grad = jax.jit(jax.grad(lambda p, x: _complex_loss(t.apply(p, None, x)[0], c), (0, 1)))
+    (g_params, g_x) = grad(params, x)
+    want_a, want_x = jax.grad(lambda a, x: _complex_loss(dense_z(a, x), c), (0, 1))(a, x)
+    (g_a,) = [leaf for leaf in jax.tree_util.tree_leaves(g_params)]
+    np.testing.assert_allclose(np.asarray(g_a), np.asarray(want_a), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(g_x), np.asarray(want_x), rtol=1e-8, atol=1e-10)
+
+
+def test_initial_state_that_is_not_a_state_is_named_with_its_source():
+    """An integer ``x`` with no ``z0``: the error names ``zeros_like(x)`` as the state refused,
+    and never advises a cast that drops an imaginary part."""
+
+    def forward(x):
+        return nn.DEQ(lambda z, x: z, solver=SOLVER)(x)
+
+    with pytest.raises(ValueError, match=r"z0 = zeros_like\(x\) \(no z0 was given\)") as err:
+        hk.transform(forward).init(None, jnp.zeros((2, 3), jnp.int32))
+    assert "floating-point or complex" in str(err.value)

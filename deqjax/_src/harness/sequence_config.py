@@ -21,6 +21,7 @@ from deqjax._src.harness.flag_types import (
 )
 from deqjax._src.harness.solver_config import Gradient, solver_and_adjoint
 from deqjax._src.jacobian_regularization import JacobianRegularizer
+from deqjax._src.models.deq_settings import DEQSettings
 from deqjax._src.models.mlp_classifier import INIT_FAMILIES, recurrent_init
 from deqjax._src.models.sequence_model import SequenceModel
 
@@ -48,8 +49,9 @@ class SequenceModelConfig:
 
     def model_kwargs(self) -> dict[str, Any]:
         """The :class:`deqjax.models.SequenceModel` arguments these flags set: width, heads,
-        cell options, the solver and adjoint of ``--adjoint`` (:func:`solver_and_adjoint`,
-        phantom damping 0.8) and the Jacobian regulariser."""
+        cell options and the DEQ's :class:`~deqjax.models.DEQSettings` (the solver and adjoint
+        of ``--adjoint``, :func:`solver_and_adjoint`, phantom damping 0.8, and the Jacobian
+        regulariser)."""
         solver, adjoint = solver_and_adjoint(
             self.adjoint, max_steps=self.max_steps, tol=self.tol, tau=0.8
         )
@@ -64,9 +66,7 @@ class SequenceModelConfig:
             "pre_ln": self.pre_ln,
             "d_ff": self.d_ff or None,
             "ffn_init": ffn_init,
-            "solver": solver,
-            "adjoint": adjoint,
-            "regularizer": jr,
+            "deq": DEQSettings(solver, adjoint=adjoint, regularizer=jr),
         }
 
     def transform(

@@ -21,7 +21,7 @@ returns ``z_best``, the evaluated iterate of lowest residual, with ``f(z_best)``
 ``f(z_best)``, one of those ``k`` evaluations. ``b = 1`` evaluates only ``f(z0)`` (``z0 = 0``).
 The NFE reported per example is ``k ≤ b``.
 
-**Jacobian regularisation** (JR paper Eq. 4): with ``regularizer`` (a
+**Jacobian regularisation** (JR paper Eq. 4): with ``deq.regularizer`` (a
 :class:`~deqjax.regularization.JacobianRegularizer`, its Bernoulli gate drawn in-graph) and
 ``is_training=True`` the model adds ``aux["jr"] = τ γ ‖J_f(z*)‖²_F / d`` (Hutchinson, at
 ``stop_gradient(z*)``); add it to the loss.
@@ -38,7 +38,6 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks
-from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src.models import deq_settings
 from deqjax._src.nn import multiscale_cell, norms
 from deqjax._src.solvers.anderson import Anderson
@@ -88,23 +87,22 @@ class MDEQClassifier(hk.Module):
       dropout_rate: the cell's recurrent (variational) dropout.
       stem_stride: stride of the stem convolution (1 or 2).
       head_grid: the head pools every resolution to a ``head_grid × head_grid`` grid.
-      solver: forward solver used when ``is_training=True`` (e.g.
-        ``dq.solvers.Anderson(max_steps=6, tol=1e-3)``); ``None``: ``dq.solvers.Anderson()``.
-      eval_solver: solver used when ``is_training=False`` (e.g. :func:`budget_solver`);
-        ``None``: ``solver``.
-      adjoint: the DEQ's gradient strategy (``None``: ``dq.ImplicitAdjoint()``).
-      regularizer: JR penalty computed when ``is_training`` (``None``: none).
-      precision: the DEQ cell's matmul precision (``None``: JAX's default; see ``dq.nn.DEQ``).
+      deq: how the DEQ is solved, a :class:`~deqjax.models.DEQSettings`: the forward solver
+        (e.g. ``dq.solvers.Anderson(max_steps=6, tol=1e-3)``), the evaluation solver (e.g.
+        :func:`budget_solver`), the adjoint, the JR regulariser and the cell's precision
+        (``None``: ``DEQSettings()``, Anderson and the implicit adjoint, no regulariser).
       name: Haiku module name.
 
     Raises:
-      ValueError: for empty ``channels`` or a non-positive ``num_classes``, ``head_grid`` or
-        ``stem_stride``, or a ``regularizer`` that is not a ``JacobianRegularizer``.
+      ValueError: for empty ``channels``, a non-positive ``num_classes``, ``head_grid`` or
+        ``stem_stride``, or a ``deq`` that is not a ``DEQSettings``.
 
     Example:
+      >>> deq = dq.models.DEQSettings(
+      ...     dq.solvers.Anderson(max_steps=6, tol=1e-3),
+      ...     eval_solver=dq.models.budget_solver(4, tol=1e-3))
       >>> def forward(images, is_training):
-      ...     model = dq.models.MDEQClassifier(
-      ...         (8, 16), solver=dq.solvers.Anderson(max_steps=6, tol=1e-3))
+      ...     model = dq.models.MDEQClassifier((8, 16), deq=deq)
       ...     logits, aux = model(images, is_training=is_training)
       ...     return logits, aux["jr"]
     """
@@ -119,11 +117,7 @@ class MDEQClassifier(hk.Module):
         dropout_rate: float = 0.0,
         stem_stride: int = 2,
         head_grid: int = 4,
-        solver: Any = None,
-        eval_solver: Any = None,
-        adjoint: Any = None,
-        regularizer: jr_lib.JacobianRegularizer | None = None,
-        precision: str | None = None,
+        deq: deq_settings.DEQSettings | None = None,
         name: str | None = None,
     ):
         super().__init__(name=name)
@@ -143,9 +137,7 @@ class MDEQClassifier(hk.Module):
         self.dropout_rate = dropout_rate
         self.stem_stride = stem_stride
         self.head_grid = head_grid
-        self.deq_settings = deq_settings.DEQSettings(
-            solver, eval_solver, adjoint, regularizer, precision
-        )
+        self.deq_settings = deq_settings.check_settings(deq)
 
     def stem(self, images: jax.Array) -> jax.Array:
         """``[B, H, W, C] -> [B, H/s, W/s, channels[0]]``: conv (stride ``s``), GroupNorm, ReLU."""
@@ -166,8 +158,8 @@ class MDEQClassifier(hk.Module):
 
         Args:
           images: float ``[B, H, W, C]``.
-          is_training: ``solver`` (and the JR penalty) vs ``eval_solver``; dropout.
-          step: the training step, for a ``regularizer`` whose ``gamma`` is a schedule.
+          is_training: ``deq.solver`` (and the JR penalty) vs ``deq.eval_solver``; dropout.
+          step: the training step, for a ``deq.regularizer`` whose ``gamma`` is a schedule.
 
         Returns:
           ``(logits [B, num_classes], aux)``: ``aux["solver"]`` (``dq.solvers.summarize`` of

@@ -28,14 +28,11 @@ Cells: ``"transformer"`` or ``"trellis"`` (:mod:`deqjax._src.models.sequence_cel
 
 from __future__ import annotations
 
-from typing import Any
-
 import haiku as hk
 import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks
-from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src.models import deq_settings, memory, sequence_cells
 from deqjax._src.solvers.summary import summarize
 
@@ -55,12 +52,10 @@ class SequenceBackbone(hk.Module):
       ffn_init: the transformer cell's FFN weight initializer (``None``: ``N(0, 0.01)``); the
         init paper's ensembles are ``dq.initializers.{Gaussian, HaarOrthogonal, GOE}(scale)``
         (GOE needs ``d_ff == d_model``).
-      solver: the DEQ's forward solver (``None``: ``dq.nn.DEQ``'s default, Anderson).
-      eval_solver: the DEQ's solver when ``is_training=False`` (``None``: ``solver``).
-      adjoint: the DEQ's gradient strategy (``None``: ``dq.ImplicitAdjoint()``).
-      regularizer: JR penalty of the DEQ when ``is_training`` (``None``: none; explicit models
-        report zeros).
-      precision: the DEQ cell's matmul precision (``None``: JAX's default; see ``dq.nn.DEQ``).
+      deq: how the DEQ is solved, a :class:`~deqjax.models.DEQSettings` (forward and evaluation
+        solvers, adjoint, JR regulariser, the cell's precision; ``None``: ``DEQSettings()``,
+        Anderson and the implicit adjoint, no regulariser). Explicit models ignore it and
+        report zero JR entries.
       name: Haiku module name.
 
     Attributes:
@@ -68,8 +63,8 @@ class SequenceBackbone(hk.Module):
       CELLS: the cells, ``("transformer", "trellis")``.
 
     Raises:
-      ValueError: for an unknown ``kind`` or ``cell``, ``depth < 1`` or a ``regularizer`` that
-        is not a ``JacobianRegularizer``.
+      ValueError: for an unknown ``kind`` or ``cell``, ``depth < 1`` or a ``deq`` that is not a
+        ``DEQSettings``.
     """
 
     KINDS = memory.KINDS
@@ -87,11 +82,7 @@ class SequenceBackbone(hk.Module):
         trellis_kernel: int = 2,
         d_ff: int | None = None,
         ffn_init: hk.initializers.Initializer | None = None,
-        solver: Any = None,
-        eval_solver: Any = None,
-        adjoint: Any = None,
-        regularizer: jr_lib.JacobianRegularizer | None = None,
-        precision: str | None = None,
+        deq: deq_settings.DEQSettings | None = None,
         name: str | None = None,
     ):
         super().__init__(name=name)
@@ -109,9 +100,7 @@ class SequenceBackbone(hk.Module):
         self.trellis_kernel = trellis_kernel
         self.d_ff = d_ff
         self.ffn_init = ffn_init
-        self.deq_settings = deq_settings.DEQSettings(
-            solver, eval_solver, adjoint, regularizer, precision
-        )
+        self.deq_settings = deq_settings.check_settings(deq)
 
     def _cell(self, name: str | None = None) -> hk.Module:
         return sequence_cells.sequence_cell(
@@ -147,7 +136,7 @@ class SequenceBackbone(hk.Module):
             layers); or ``[depth, B, M, D]`` for explicit models (layer ``l`` attends to
             ``mems[l]``).
           is_training: the DEQ's solver vs eval solver; dropout; the JR penalty.
-          step: the training step, for a ``regularizer`` whose ``gamma`` is a schedule.
+          step: the training step, for a ``deq.regularizer`` whose ``gamma`` is a schedule.
 
         Raises:
           ValueError: for a memory of the wrong rank or depth.

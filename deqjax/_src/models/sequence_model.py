@@ -36,14 +36,14 @@ class SequenceModel(hk.Module):
       embed_init: initializer of the embeddings (``None``: Haiku's default, truncated normal of
         stddev 1; language models use ``hk.initializers.RandomNormal(0.02)``).
       **backbone_kwargs: the remaining :class:`SequenceBackbone` arguments (``num_heads``,
-        ``depth``, ``pre_ln``, ``trellis_kernel``, ``d_ff``, ``ffn_init``, ``solver``,
-        ``eval_solver``, ``adjoint``, ``regularizer``).
+        ``depth``, ``pre_ln``, ``trellis_kernel``, ``d_ff``, ``ffn_init``, and ``deq``, the
+        DEQ's :class:`~deqjax.models.DEQSettings`).
       name: Haiku module name.
 
     Example:
+      >>> deq = dq.models.DEQSettings(dq.solvers.Anderson(max_steps=12, tol=1e-3))
       >>> def forward(tokens, mems, is_training):
-      ...     model = dq.models.SequenceModel(
-      ...         2000, "deq", d_model=64, solver=dq.solvers.Anderson(max_steps=12, tol=1e-3))
+      ...     model = dq.models.SequenceModel(2000, "deq", d_model=64, deq=deq)
       ...     return model(tokens, mems, is_training=is_training)   # (logits, aux)
     """
 

@@ -5,10 +5,11 @@ Design note (read this before writing a cell)
 
 **Cell protocol.** A cell is any callable ``cell(z, x) -> z`` (or ``cell(z, x, *, is_training)``;
 the DEQ passes ``is_training`` when the cell accepts that keyword) built from Haiku modules: a
-module instance (``dq.nn.MLPCell(...)``) or a function that creates modules. ``z`` is any pytree
-of float arrays (the multiscale cell uses a tuple of per-resolution arrays) and the cell returns
-the same structure. **Cells are always written for batched arrays** ``[B, ...]`` and must treat
-the examples of a batch independently (no statistics across the batch).
+module instance (``dq.nn.MLPCell(...)``) or a function that creates modules. ``z`` is any state
+the solvers take: a pytree of float arrays (the multiscale cell uses a tuple of per-resolution
+arrays), or of complex arrays (a complex ``x`` gives a complex ``zeros_like(x)`` start), and the
+cell returns the same structure. **Cells are always written for batched arrays** ``[B, ...]``
+and must treat the examples of a batch independently (no statistics across the batch).
 
 **Batching** (``per_example: bool``). ``True`` (default): each example stops on its own, in one
 loop for the whole batch when the solver is batch-native (declares ``batch_ndim``), else as a
@@ -48,28 +49,20 @@ then skipped (``solve_at_init=False``): ``init`` returns ``z* = f(z0)`` and a So
 runs exactly as in ``apply`` (our solvers use ``lax.while_loop`` on a pure function, which Haiku
 allows inside a transform — only ``hk.while_loop`` refuses to run during init).
 
-**Train/eval.** ``__call__(x, z0=None, *, is_training=True)``; ``eval_solver`` (default: ``solver``)
-is used when ``is_training=False`` (the papers solve with fewer steps or looser tolerance at
-inference).
-
-**One return type; what else a forward pass offers.** ``deq(x, z0)`` always returns ``(z_star,
-solution)`` (``solution.f_value`` is ``f(z*)`` as the solver evaluated it). ``DEQ.solve(...)`` runs
-the same forward pass and returns a :class:`DEQOutput` ``(z_star, solution, cell_fn,
-f_star)``: ``f_star`` is ``f(z*)`` with the gradient of ``z*`` (no extra cell
-evaluation), for readouts such as MDEQ's that read the cell output at the equilibrium; ``cell_fn``
-is ``z ↦ f_θ(z; x)`` of this very forward pass (same parameters, masks, key; batched like
-``z_star``) for regularisers and diagnostics. **Jacobian regularisation (JR paper Eq. 4)** has one
-path: ``dq.regularization.JacobianRegularizer(gamma, p=..., num_samples=...).penalty(out.cell_fn,
-out.z_star, key, step)``, whose Bernoulli gate is drawn in the graph (one compiled step, the
-estimator skipped by ``lax.cond`` when the coin says no) and whose estimate is taken at
-``stop_gradient(z*)``, differentiable w.r.t. the cell parameters (as in the JR reference code).
+**One return type.** ``deq(x, z0)`` always returns ``(z_star, solution)``; :meth:`DEQ.solve` runs
+the same forward pass and returns a :class:`DEQOutput`, which adds this pass's cell map
+``cell_fn`` (for regularisers and diagnostics: Jacobian regularisation, JR paper Eq. 4, is
+``JacobianRegularizer.penalty(out.cell_fn, out.z_star, key, step)``) and ``f_star = f(z*)`` with
+the gradient of ``z*`` (for readouts such as MDEQ's, at no extra cell evaluation).
 
 **Solvers.** ``solver`` is any ``(f, z0) -> Solution``: a solver object
 (``dq.solvers.Anderson(max_steps=30, tol=1e-3)``, frozen and printable, so a config can log it), a
 solver function or a ``functools.partial`` of one, or a user's own callable. The constructor
 turns it into a solver object once (``as_solver``); from there on the DEQ reads its declared
-``batch_native`` and sets ``batch_ndim=1`` by ``replace``. The forward solve runs once per call:
-``init`` skips it (see **Init**), and no adjoint re-runs it under ``grad``.
+``batch_native`` and sets ``batch_ndim=1`` by ``replace``. ``eval_solver`` (default: ``solver``)
+is used when ``is_training=False`` (the papers solve with fewer steps or looser tolerance at
+inference). The forward solve runs once per call: ``init`` skips it (see **Init**), and no
+adjoint re-runs it under ``grad``.
 """
 
 from __future__ import annotations
@@ -82,12 +75,13 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks, tree
+from deqjax._src import precision as precision_lib
 from deqjax._src.adjoints.base import Adjoint
 from deqjax._src.adjoints.implicit import ImplicitAdjoint
 from deqjax._src.nn import batch_modes, per_forward
 from deqjax._src.normalise import accepts_keyword, as_solver
-from deqjax._src.precision import check_precision
 from deqjax._src.solvers.anderson import Anderson
+from deqjax._src.solvers.base import Solver
 from deqjax._src.solvers.solution import MAX_STEPS, Solution
 
 PyTree = Any
@@ -185,20 +179,46 @@ class DEQ(hk.Module):
         super().__init__(name=name)
         if not callable(cell):
             raise ValueError(f"cell must be callable, got {type(cell).__name__}.")
-        self.solver = as_solver(solver, name="solver")
-        self.eval_solver = (
-            self.solver if eval_solver is None else as_solver(eval_solver, name="eval_solver")
-        )
-        self.adjoint = ImplicitAdjoint() if adjoint is None else adjoint
-        if not isinstance(self.adjoint, Adjoint):
+        solver = as_solver(solver, name="solver")
+        if eval_solver is not None:
+            eval_solver = as_solver(eval_solver, name="eval_solver")
+        if adjoint is not None and not isinstance(adjoint, Adjoint):
             raise ValueError(f"adjoint must be a deqjax adjoint object, got {adjoint!r}.")
         if init_state is not None and not callable(init_state):
             raise ValueError(f"init_state must be callable or None, got {init_state!r}.")
-        self.per_example = checks.check_bool(per_example, "per_example")
+        self._configure(
+            cell,
+            solver=solver,
+            eval_solver=eval_solver,
+            adjoint=adjoint,
+            per_example=checks.check_bool(per_example, "per_example"),
+            init_state=init_state,
+            solve_at_init=solve_at_init,
+            precision=precision_lib.check_precision(precision),
+        )
+
+    def _configure(
+        self,
+        cell: Cell,
+        *,
+        solver: Solver,
+        eval_solver: Solver | None,
+        adjoint: Adjoint | None,
+        per_example: bool,
+        init_state: Callable[[PyTree], PyTree] | None,
+        solve_at_init: bool,
+        precision: str | None,
+    ) -> None:
+        """Holds the settings, checked by the caller (``__init__``, or :class:`CheckedDEQ` for
+        settings a :class:`~deqjax.models.DEQSettings` checked); ``None`` takes the defaults."""
         self.cell = cell
+        self.solver = solver
+        self.eval_solver = solver if eval_solver is None else eval_solver
+        self.adjoint = ImplicitAdjoint() if adjoint is None else adjoint
+        self.per_example = per_example
         self.init_state = init_state
         self.solve_at_init = solve_at_init
-        self.precision = check_precision(precision)
+        self.precision = precision
         self._pass_is_training = accepts_keyword(cell, "is_training")
 
     def initial_state(self, x: PyTree) -> PyTree:
@@ -208,6 +228,14 @@ class DEQ(hk.Module):
         if hasattr(self.cell, "initial_state"):
             return self.cell.initial_state(x)
         return jax.tree_util.tree_map(jnp.zeros_like, x)
+
+    def _initial_state_name(self) -> str:
+        """How :meth:`initial_state` makes ``z0``, for an error message."""
+        if self.init_state is not None:
+            return "init_state(x)"
+        if hasattr(self.cell, "initial_state"):
+            return "cell.initial_state(x)"
+        return "zeros_like(x)"
 
     def __call__(
         self,
@@ -234,7 +262,8 @@ class DEQ(hk.Module):
           evaluated it). :meth:`solve` returns the cell map of this forward pass too.
 
         Raises:
-          ValueError: for ``z0`` not a float pytree, or (per-example mode) leaves of ``x``/``z0``
+          ValueError: for a ``z0`` (given, or made from ``x`` by ``init_state``) that is not a
+            state (a float or complex pytree), or (per-example mode) leaves of ``x``/``z0``
             without a common leading batch axis.
         """
         out = self._forward(x, z0, is_training, backward_stats)
@@ -274,7 +303,9 @@ class DEQ(hk.Module):
         """The one forward pass of ``__call__`` and :meth:`solve`: parameters, solve, cell map."""
         if z0 is None:
             z0 = self.initial_state(x)
-        tree.check_float_tree(z0, "z0")
+            tree.check_state_tree(z0, f"z0 = {self._initial_state_name()} (no z0 was given)")
+        else:
+            tree.check_state_tree(z0, "z0")
         solver = self.solver if is_training else self.eval_solver
         mode = batch_modes.mode_of(self.per_example, solver)
         if mode is not batch_modes.Mode.WHOLE_BATCH:
@@ -304,6 +335,35 @@ class DEQ(hk.Module):
         if self._pass_is_training:
             return lambda x, z: cell(z, x, is_training=is_training)
         return lambda x, z: cell(z, x)
+
+
+class CheckedDEQ(DEQ):
+    """The internal entry of :class:`DEQ` for settings already checked and normalised (a
+    :class:`~deqjax.models.DEQSettings`' solver objects, adjoint and the ``precision``
+    :func:`~deqjax._src.precision.check_precision` returned): the same module, with no second
+    check; per-example solves, the default initial state, no solve at ``init``."""
+
+    def __init__(
+        self,
+        cell: Cell,
+        *,
+        solver: Solver,
+        eval_solver: Solver | None,
+        adjoint: Adjoint | None,
+        precision: str | None,
+        name: str | None = None,
+    ):
+        hk.Module.__init__(self, name="deq" if name is None else name)  # DEQ's default name
+        self._configure(
+            cell,
+            solver=solver,
+            eval_solver=eval_solver,
+            adjoint=adjoint,
+            per_example=True,
+            init_state=None,
+            solve_at_init=False,
+            precision=precision,
+        )
 
 
 def _f_star(z_star: PyTree, sol: Solution) -> PyTree:
