@@ -155,8 +155,9 @@ class _Shown:
 def entry(module: str, name: str) -> str:
     """One public name's Markdown entry: heading with its kind, signature, summary."""
     obj = getattr(importlib.import_module(module), name)
-    text = summary(obj)
-    lines = [f"### `{name}` ({kind(obj)})", "", "```python", signature(name, obj), "```"]
+    text = summary(obj) if kind(obj) in ("module", "class", "function") else ""
+    # A "text" block: ruff formats Python blocks in Markdown, and a signature is not Python.
+    lines = [f"### `{name}` ({kind(obj)})", "", "```text", signature(name, obj), "```"]
     return "\n".join([*lines, *(["", text] if text else [])])
 
 
