@@ -70,6 +70,27 @@ def test_the_fallback_rule_is_told_once_in_the_docs():
     assert telling == ["implicit_backward.md"], telling
 
 
+def _benchmark_sections_cited() -> list[tuple[str, str]]:
+    """``(file, section)`` of every ``BENCHMARKS.md, "Section"`` citation in the docs and code."""
+    files = [README, DESIGN_MD, *GUIDE, ROOT / "REPRODUCTION.md"]
+    files += sorted((ROOT / "deqjax").rglob("*.py"))
+    cited = []
+    for path in files:
+        text = re.sub(r"\n\s*#?\s*", " ", path.read_text(encoding="utf-8"))  # lines joined
+        for match in re.finditer(r'BENCHMARKS\.md(?:\]\([^)]*\))?[,:]? "([^"]+)"', text):
+            cited.append((path.relative_to(ROOT).as_posix(), match.group(1)))
+    return cited
+
+
+def test_every_cited_benchmarks_section_exists():
+    text = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    headings = [h.strip() for h in re.findall(r"^#+ (.*)$", text, re.M)]
+    cited = _benchmark_sections_cited()
+    assert len(cited) > 15
+    missing = [(f, s) for f, s in cited if not any(h.startswith(s) for h in headings)]
+    assert not missing, f"sections BENCHMARKS.md does not have: {missing}"
+
+
 # A number with a unit of time, or a named machine: a measurement, which belongs in BENCHMARKS.md.
 TIMING = re.compile(
     r"\b\d+(?:\.\d+)?(?:[–-]\d+(?:\.\d+)?)? ?(?:s|ms|µs|us|ns|seconds|minutes)\b(?![\w(])"
