@@ -1,9 +1,12 @@
-"""What a new user meets first: the README's code, the scripts' --help, smoke-run folders, errors.
+"""What a new user meets first: the README's and the guide's code, the scripts' --help, smoke-run
+folders, errors.
 
-The README's Python blocks are executed as written (each in a fresh namespace), so an example that
-stops working fails here. Every script's ``--help`` shows help text for every flag and a
-description in whole sentences; ``--smoke`` never writes into the full run's folder; every
-command README.md, BENCHMARKS.md and REPRODUCTION.md show parses.
+The Python blocks of README.md and docs/guide/*.md are executed as written (each in a fresh
+interpreter), so an example that stops working fails here; a block right after a line
+``<!-- test: slow -->`` runs in the slow lane. Every script's ``--help`` shows help text for every
+flag and a description in whole sentences; ``--smoke`` never writes into the full run's folder;
+every command README.md, the guide, BENCHMARKS.md and REPRODUCTION.md show parses, and their
+links inside the repository lead somewhere.
 """
 
 from __future__ import annotations
@@ -38,30 +41,45 @@ EXPERIMENTS = [
 SCRIPTS = [*EXPERIMENTS, "plot_metrics", "repro_lm_init", "repro_preln", "repro_init_sweep"]
 
 
-def _readme_python_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+GUIDE = sorted((ROOT / "docs" / "guide").glob("*.md"))
+USER_DOCS = [ROOT / "README.md", *GUIDE]  # the pages whose code must run as written
+SLOW = "<!-- test: slow -->"  # the line before a Python block that runs in the slow lane
+
+
+def _python_blocks(path: pathlib.Path) -> list[tuple[str, bool]]:
+    """``(code, slow)`` of each Python block of one Markdown file."""
+    text = path.read_text(encoding="utf-8")
+    blocks = re.finditer(
+        r"^(?:(" + re.escape(SLOW) + r")\n)?```python\n(.*?)^```", text, re.M | re.S
+    )
+    return [(m.group(2), m.group(1) is not None) for m in blocks]
 
 
 def test_readme_has_a_deq_module_and_optax_example():
-    blocks = _readme_python_blocks()
+    blocks = [code for code, _ in _python_blocks(ROOT / "README.md")]
     assert any("dq.nn.DEQ" in b and "optax" in b for b in blocks)
 
 
-def _readme_block_params() -> list:
-    """One parameter per README block; the interop snippets (Equinox, Flax NNX), which
-    tests/interop checks in the default lane too, run in the slow lane."""
-    slow = ("import equinox", "from flax import nnx")
-    return [
-        pytest.param(i, marks=pytest.mark.slow) if any(s in block for s in slow) else i
-        for i, block in enumerate(_readme_python_blocks())
-    ]
+def test_the_guide_has_pages_with_code():
+    assert len(GUIDE) >= 10 and (ROOT / "docs" / "guide" / "README.md") in GUIDE
+    assert sum(len(_python_blocks(page)) for page in GUIDE) >= 8
 
 
-@pytest.mark.parametrize("index", _readme_block_params())
-def test_readme_python_blocks_run(index, tmp_path):
+def _block_params() -> list:
+    """One parameter per Python block of the user docs, ``slow`` where marked so."""
+    params = []
+    for path in USER_DOCS:
+        for i, (_, slow) in enumerate(_python_blocks(path)):
+            name = path.relative_to(ROOT).as_posix()
+            marks = [pytest.mark.slow] if slow else []
+            params.append(pytest.param(name, i, marks=marks, id=f"{name}:{i}"))
+    return params
+
+
+@pytest.mark.parametrize(("doc", "index"), _block_params())
+def test_python_blocks_of_the_readme_and_the_guide_run(doc, index, tmp_path):
     # As a user would run it: a fresh interpreter (float32, default promotion), another directory.
-    code = _readme_python_blocks()[index]
+    code = _python_blocks(ROOT / doc)[index][0]
     code += "\nif 'losses' in dir(): assert losses[-1] < 0.5 * losses[0], losses\n"
     proc = subprocess.run(
         [sys.executable, "-c", code],
@@ -74,12 +92,21 @@ def test_readme_python_blocks_run(index, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_readme_points_inside_the_repository():
-    text = (ROOT / "README.md").read_text()
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("path", USER_DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_links_point_inside_the_repository_and_arrive(path):
+    text = path.read_text(encoding="utf-8")
     assert "../shared" not in text
-    for target in re.findall(r"\]\(([^)#:]+)\)", text):  # relative links must exist
-        assert (ROOT / target).exists(), target
-    assert (ROOT / "docs" / "design.md").exists()
+    for target, anchor in re.findall(r"\]\(([^)#:]*)(?:#([^)]*))?\)", text):
+        where = (path.parent / target).resolve() if target else path
+        assert where.exists(), f"{path.name}: {target}"
+        if anchor:
+            headings = re.findall(r"^#+ (.*)$", where.read_text(encoding="utf-8"), re.M)
+            assert anchor in {_slug(h) for h in headings}, f"{path.name}: {target}#{anchor}"
 
 
 def test_notebooks_extra_has_nbconvert():
@@ -173,10 +200,12 @@ def test_smoke_runs_never_write_into_the_full_runs_folder(name):
 
 
 def _documented_commands() -> list[tuple[str, str, list[str]]]:
-    """``(document, script, argv)`` of every experiment command in the three documents, with
-    their placeholders (``S``, ``G``, ``OUT``, ``[--optional]``) filled in."""
+    """``(document, script, argv)`` of every experiment command in the README, the guide,
+    BENCHMARKS.md and REPRODUCTION.md, with their placeholders (``S``, ``G``, ``OUT``,
+    ``[--optional]``) filled in."""
     commands = []
-    for doc in ("README.md", "BENCHMARKS.md", "REPRODUCTION.md"):
+    docs = ["README.md", *(p.relative_to(ROOT).as_posix() for p in GUIDE)]
+    for doc in (*docs, "BENCHMARKS.md", "REPRODUCTION.md"):
         text = re.sub(r"\\\n\s*", " ", (ROOT / doc).read_text())  # continued lines
         pattern = r"python3? (?:-m experiments\.|experiments/)(\w+)(?:\.py)?([^`\n#|]*)"
         for match in re.finditer(pattern, text):

@@ -1,346 +1,88 @@
-"""The public API: every public module's ``__all__`` frozen here, DESIGN.md's contract names
-present, and docs/api.md listing exactly the public names.
+"""The public API: each public module's ``__all__`` is the only list of public names, docs/api.md
+is generated from them and kept fresh, and DESIGN.md's contract names and keywords are present.
 
-Growing or shrinking the API is a deliberate edit of three places: the module's ``__all__``, its
-list below and its table in docs/api.md.
+Growing or shrinking the API is an edit of the module's ``__all__``, then ``python
+docs/make_api.py`` to regenerate docs/api.md (the test below fails, naming that command, until it
+is run).
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import importlib.util
 import inspect
 import pathlib
-import re
-import types
-import typing
 
 import pytest
 
 import deqjax as dq
 
-API_MD = pathlib.Path(__file__).resolve().parent.parent / "docs" / "api.md"
-
-PUBLIC = {
-    "deqjax": [
-        "Adjoint",
-        "BackwardStats",
-        "ImplicitAdjoint",
-        "OneStepAdjoint",
-        "PhantomAdjoint",
-        "ReversibleAdjoint",
-        "ShineAdjoint",
-        "UnrolledAdjoint",
-        "correction_loss",
-        "correction_states",
-        "correction_weights",
-        "data",
-        "fixed_point",
-        "harness",
-        "initializers",
-        "jacobian",
-        "models",
-        "nn",
-        "regularization",
-        "solvers",
-        "theory",
-        "training",
-        "uniform_sample_steps",
-    ],
-    "deqjax.solvers": [
-        "Anderson",
-        "BiCGStab",
-        "Broyden",
-        "BroydenInverse",
-        "CONVERGED",
-        "DIVERGED",
-        "FixedPointIteration",
-        "GMRES",
-        "MAX_STEPS",
-        "NONFINITE",
-        "NormalCG",
-        "PRECISION_FLOOR",
-        "Reversible",
-        "ReversibleState",
-        "STALLED",
-        "Solution",
-        "Solver",
-        "anderson",
-        "as_solver",
-        "bicgstab",
-        "broyden",
-        "fixed_point_iteration",
-        "from_dict",
-        "gmres",
-        "normal_cg",
-        "reversal_error",
-        "reversible",
-        "status_name",
-        "summarize",
-    ],
-    "deqjax.nn": [
-        "DEQ",
-        "DEQOutput",
-        "GroupNorm",
-        "LayerNorm",
-        "MLPCell",
-        "MultiscaleCell",
-        "TransformerCell",
-        "TransformerInput",
-        "TrellisCell",
-        "TrellisInput",
-        "VariationalDropout",
-        "WeightNorm",
-        "per_forward",
-    ],
-    "deqjax.models": [
-        "ClassifierFns",
-        "DEQSettings",
-        "INIT_FAMILIES",
-        "MDEQClassifier",
-        "MLPClassifier",
-        "ScalarDEQ",
-        "SequenceBackbone",
-        "SequenceModel",
-        "budget_solver",
-        "classifier_fns",
-        "evaluate_lm",
-        "initial_memory",
-        "jr_fig5_metrics",
-        "jr_synthetic_data",
-        "jr_synthetic_target",
-        "lm_loss",
-        "next_memory",
-        "recurrent_init",
-        "reset_memory",
-        "token_nll",
-        "trellis_reach",
-    ],
-    "deqjax.training": [
-        "Action",
-        "CheckpointError",
-        "Checkpointer",
-        "DataParallel",
-        "DistributedConfig",
-        "Evaluate",
-        "FitResult",
-        "GuardNonFinite",
-        "LogMetrics",
-        "LoopResult",
-        "MetricsWriter",
-        "NonFiniteError",
-        "PER_DEVICE",
-        "REPLICATED",
-        "ReportProgress",
-        "ResidentBatches",
-        "RestoreError",
-        "RunDiagnostics",
-        "SHARDED",
-        "STATE_KINDS",
-        "SaveCheckpoints",
-        "StepMetrics",
-        "StopOnSigterm",
-        "TrainState",
-        "TrainStep",
-        "compile_with_memory",
-        "data_parallel",
-        "fit",
-        "initialize_distributed",
-        "make_optimizer",
-        "make_schedule",
-        "read_jsonl",
-        "reduce_metrics",
-        "replicate",
-        "shard",
-        "skip_nonfinite",
-        "train_loop",
-        "train_step",
-        "unreplicate",
-    ],
-    "deqjax.data": [
-        "BatchIterator",
-        "CopyMemoryBatches",
-        "DataFormatError",
-        "DataNotFoundError",
-        "ImageDataset",
-        "IteratorState",
-        "LMBatches",
-        "LMCorpus",
-        "SentencePieceTokenizer",
-        "ShuffledBatches",
-        "copy_memory_batch",
-        "copy_memory_blank_loss",
-        "copy_memory_steps_to_learn",
-        "encode_corpus",
-        "load_classification",
-        "load_digits",
-        "load_fashion_mnist",
-        "load_image_dataset",
-        "load_lm_corpus",
-        "random_crop_flip",
-        "train_sentencepiece",
-    ],
-    "deqjax.harness": [
-        "DtypeConfig",
-        "Experiment",
-        "FloatList",
-        "GRADIENTS",
-        "IntList",
-        "JRConfig",
-        "LoggingConfig",
-        "MultiHostConfig",
-        "NonNegativeFloat",
-        "NonNegativeInt",
-        "OptimizationConfig",
-        "PositiveFloat",
-        "PositiveInt",
-        "ResumableRunConfig",
-        "RunConfig",
-        "RunContext",
-        "RunDir",
-        "RunDirError",
-        "SequenceModelConfig",
-        "SolverConfig",
-        "Switch",
-        "UsageError",
-        "at_least",
-        "choice_list",
-        "config_changes",
-        "flat_dict",
-        "format_metrics",
-        "format_value",
-        "grid",
-        "line_plot",
-        "markdown_table",
-        "parse_config",
-        "plot_metrics",
-        "plot_panels",
-        "plot_sweep",
-        "prepare_run_dir",
-        "pyplot",
-        "run",
-        "run_until_interrupted",
-        "save_figure",
-        "solver_and_adjoint",
-        "summarize_runs",
-        "to_python",
-        "write_csv",
-        "write_json",
-    ],
-    "deqjax.theory": [
-        "ENSEMBLES",
-        "PHI_NAMES",
-        "PiecewiseLinear",
-        "critical_scale",
-        "forward_iteration",
-        "gaussian_expectation",
-        "jacobian_radius",
-        "linear_second_moment",
-        "linear_trace",
-        "mean_field_variance",
-        "monte_carlo_rows",
-        "phi_prime_second_moment",
-        "phi_second_moment",
-        "piecewise_linear",
-        "predicted_radius",
-        "sample_matrix",
-        "spectral_radius",
-    ],
-    "deqjax.initializers": [
-        "Antisymmetric",
-        "GOE",
-        "Gaussian",
-        "HaarNormal",
-        "HaarOrthogonal",
-        "antisymmetric",
-        "gaussian",
-        "goe",
-        "haar_normal",
-        "haar_orthogonal",
-        "matrix_dims",
-    ],
-    "deqjax.jacobian": ["backward_convergence", "frobenius_sq", "spectral_radius"],
-    "deqjax.regularization": ["AdaptiveGamma", "AdaptiveGammaState", "JacobianRegularizer"],
-}
-MODULES = list(PUBLIC)
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+API_MD = ROOT / "docs" / "api.md"
 
 
-def _difference(expected, actual) -> str:
-    added = sorted(set(actual) - set(expected))
-    removed = sorted(set(expected) - set(actual))
-    return f"added: {added}; removed: {removed}"
+def _make_api():
+    """docs/make_api.py, the script that writes docs/api.md, as a module."""
+    spec = importlib.util.spec_from_file_location("make_api", ROOT / "docs" / "make_api.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _kind(obj) -> str:
-    """The kind column of docs/api.md for one public object."""
-    if isinstance(obj, types.ModuleType):
-        return "module"
-    if typing.get_origin(obj) is typing.Annotated:
-        return "type"
-    if inspect.isclass(obj):
-        return "class"
-    return "function" if callable(obj) else "constant"
+make_api = _make_api()
+MODULES = make_api.public_modules()
 
 
-def _api_tables() -> dict[str, list[tuple[str, str]]]:
-    """``{module: [(name, kind), ...]}`` from the ``## `module` `` sections of docs/api.md."""
-    tables: dict[str, list[tuple[str, str]]] = {}
-    section = None
-    for line in API_MD.read_text(encoding="utf-8").splitlines():
-        heading = re.fullmatch(r"## `([\w.]+)`", line.strip())
-        if heading:
-            section = heading.group(1)
-            assert section not in tables, f"docs/api.md: section {section} twice"
-            tables[section] = []
-            continue
-        row = re.match(r"\| `(\w+)` \| (\w+) \|", line)
-        if section is not None and row:
-            tables[section].append((row.group(1), row.group(2)))
-    return tables
-
-
-def test_the_lists_here_are_sorted_and_without_repeats():
-    for module, names in PUBLIC.items():
-        assert names == sorted(set(names)), module
+def test_every_public_face_is_a_public_module():
+    """Each ``deqjax/<name>.py`` is named in ``deqjax.__all__`` (so it gets its api.md section)."""
+    faces = {f"deqjax.{p.stem}" for p in (ROOT / "deqjax").glob("*.py") if p.stem != "__init__"}
+    assert faces == set(MODULES) - {"deqjax"}
 
 
 @pytest.mark.parametrize("module", MODULES)
-def test_all_is_frozen(module):
-    names = importlib.import_module(module).__all__
-    assert len(names) == len(set(names)), f"{module}.__all__ names something twice"
-    assert sorted(names) == PUBLIC[module], (
-        f"{module}.__all__ changed ({_difference(PUBLIC[module], names)}): a deliberate API "
-        "change edits PUBLIC in tests/test_public_api.py and the table in docs/api.md"
-    )
-
-
-@pytest.mark.parametrize("module", MODULES)
-def test_every_public_name_exists(module):
+def test_all_names_each_public_name_once_and_it_exists(module):
     mod = importlib.import_module(module)
-    missing = [name for name in mod.__all__ if not hasattr(mod, name)]
+    names = mod.__all__
+    assert len(names) == len(set(names)), f"{module}.__all__ names something twice"
+    missing = [name for name in names if not hasattr(mod, name)]
     assert not missing, f"{module}.__all__ names what it lacks: {missing}"
 
 
-def test_api_md_lists_exactly_the_public_names():
-    tables = _api_tables()
-    assert list(tables) == MODULES, "docs/api.md: one section per public module, in this order"
-    for module, rows in tables.items():
-        mod = importlib.import_module(module)
-        listed = [name for name, _ in rows]
-        assert len(listed) == len(set(listed)), f"docs/api.md lists a name twice in {module}"
-        assert sorted(listed) == sorted(mod.__all__), (
-            f"docs/api.md's {module} table differs from {module}.__all__ "
-            f"({_difference(listed, mod.__all__)})"
+@pytest.mark.parametrize("module", MODULES)
+def test_every_public_name_has_a_docstring_summary(module):
+    mod = importlib.import_module(module)
+    for name in mod.__all__:
+        obj = getattr(mod, name)
+        if make_api.kind(obj) in ("module", "class", "function"):
+            assert make_api.summary(obj), f"{module}.{name} has no docstring of its own"
+
+
+def test_api_md_is_what_make_api_writes_now():
+    written, fresh = API_MD.read_text(encoding="utf-8"), make_api.render()
+    if written != fresh:
+        diff = difflib.unified_diff(
+            written.splitlines(), fresh.splitlines(), "docs/api.md", "generated", lineterm="", n=1
         )
-        for name, kind in rows:
-            assert kind == _kind(getattr(mod, name)), f"docs/api.md: kind of {module}.{name}"
+        pytest.fail(
+            f"docs/api.md is stale: run `{make_api.REGENERATE}`.\n" + "\n".join(list(diff)[:40])
+        )
 
 
-def test_api_md_counts_are_the_public_names():
+def test_a_name_added_to_all_changes_the_generated_file(monkeypatch):
+    """The freshness check can fail: a public name less (or more) is another api.md."""
+    before = make_api.render()
+    names = list(dq.jacobian.__all__)
+    monkeypatch.setattr(dq.jacobian, "__all__", names[1:])
+    assert make_api.render() != before
+    monkeypatch.setattr(dq.jacobian, "hutchinson", dq.jacobian.frobenius_sq, raising=False)
+    monkeypatch.setattr(dq.jacobian, "__all__", [*names, "hutchinson"])
+    assert "### `hutchinson` (function)" in make_api.render()
+
+
+def test_api_md_says_it_is_generated_and_how():
     text = API_MD.read_text(encoding="utf-8")
-    counts = dict(re.findall(r"^\| \[`([\w.]+)`\]\(#[\w]+\) \| (\d+) \|$", text, re.M))
-    assert {m: int(n) for m, n in counts.items()} == {m: len(PUBLIC[m]) for m in MODULES}
-    total = re.search(r"^\| total \| (\d+) \|$", text, re.M)
-    assert total and int(total.group(1)) == sum(len(names) for names in PUBLIC.values())
+    assert "do not edit" in text.split("\n\n")[1] and make_api.REGENERATE in text[:400]
 
 
 # --- the names and keywords of the API contract (DESIGN.md) ------------------------------------

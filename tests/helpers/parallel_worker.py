@@ -1,8 +1,11 @@
 """A DEQ train step run data-parallel three ways, in a process of its own (fake CPU devices).
 
-    python tests/helpers/parallel_worker.py OUT.json [--steps 3]
-    python tests/helpers/parallel_worker.py OUT.json --save DIR --steps 2     # sharded, saved
-    python tests/helpers/parallel_worker.py OUT.json --resume DIR --steps 3   # on these devices
+    python -m tests.helpers.parallel_worker OUT.json [--steps 3]
+    python -m tests.helpers.parallel_worker OUT.json --save DIR --steps 2     # sharded, saved
+    python -m tests.helpers.parallel_worker OUT.json --resume DIR --steps 3   # on these devices
+
+Run from the repository root (``-m`` puts it first on ``sys.path``, so ``tests`` and
+``benchmarks`` import as packages; this file edits no ``sys.path``).
 
 With N devices (``XLA_FLAGS=--xla_force_host_platform_device_count=N``) it takes ``--steps``
 optimizer steps of a small DEQ classifier, whose implicit backward always falls back to GMRES (a
@@ -20,19 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-
-import deqjax as dq  # noqa: E402
-from benchmarks.collectives import count_collectives  # noqa: E402
-from deqjax._src.training.data_parallel import (  # noqa: E402
+import deqjax as dq
+from benchmarks.collectives import count_collectives
+from deqjax._src.training.data_parallel import (
     PER_DEVICE,
     REPLICATED,
     SHARDED,

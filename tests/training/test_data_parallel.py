@@ -1,6 +1,7 @@
 """Data parallelism two ways (``jax.jit`` + ``jax.shard_map``, and ``jax.pmap``): the same numbers
 as one device, each device's solver loops its own (no collective inside a loop), placement."""
 
+import ast
 import json
 import pathlib
 import subprocess
@@ -18,23 +19,50 @@ from deqjax._src.training.data_parallel import (
     Sharded,
     data_parallel,
 )
-from tests.helpers.train_worker import worker_env
+from tests.helpers.train_worker import REPO_ROOT, worker_env
 
-WORKER = "tests/helpers/parallel_worker.py"
+WORKER = ["-m", "tests.helpers.parallel_worker"]  # run from the repository root
 
 
 @pytest.fixture(scope="module")
 def four_devices(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp") / "out.json"
     proc = subprocess.run(
-        [sys.executable, WORKER, str(out), "--steps", "3"],
+        [sys.executable, *WORKER, str(out), "--steps", "3"],
         env=worker_env(4),
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
+
+
+def _edits_sys_path(path: pathlib.Path) -> bool:
+    """Whether a module changes ``sys.path`` (a call on it, or an assignment to it or its items)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        target = (
+            node.func.value if isinstance(node, ast.Call) and hasattr(node.func, "value") else None
+        )
+        if isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            target = next((getattr(t, "value", t) for t in targets), None)
+        if target is not None and ast.unparse(target) == "sys.path":
+            return True
+    return False
+
+
+def test_the_worker_scripts_run_as_modules_and_leave_sys_path_alone(tmp_path):
+    helpers = sorted(pathlib.Path(REPO_ROOT, "tests", "helpers").glob("*.py"))
+    assert not [p.name for p in helpers if _edits_sys_path(p)]
+    edits = tmp_path / "edits.py"
+    edits.write_text("import sys\nsys.path.insert(0, '..')\n")
+    assert _edits_sys_path(edits)  # the check sees an edit
+    proc = subprocess.run(
+        [sys.executable, *WORKER, "--help"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and "--resume" in proc.stdout, proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("mode", ["sharded", "pmap"])
@@ -88,8 +116,9 @@ def test_placed_values_come_back_as_they_went(mode):
 
 def _run(args, devices):
     proc = subprocess.run(
-        [sys.executable, WORKER, *map(str, args)],
+        [sys.executable, *WORKER, *map(str, args)],
         env=worker_env(devices),
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=300,

@@ -2,8 +2,9 @@
 
 ``bible -f gen1:1-rev22:21`` prints the whole text, one verse per line as ``<Book><ch>:<v> <text>``
 (e.g. ``Ge1:1 In the beginning God created the heaven and the earth.``): 31,102 verses, about
-790k words, 4.4 MB, in about 0.3 s. The output is cached once under the cache directory; the verse
-references are used to split by chapter and are dropped from the text.
+790k words, 4.4 MB (its time: BENCHMARKS.md, "Import and data-source times"). The output is cached
+once under the cache directory; the verse references are used to split by chapter and are dropped
+from the text.
 
 Split (deterministic, by whole chapters so no chapter straddles two splits): the 1,189 chapters in
 canonical order are numbered ``c = 0, 1, ...``; chapter ``c`` goes to valid if

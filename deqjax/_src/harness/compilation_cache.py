@@ -1,16 +1,18 @@
 """JAX's persistent compilation cache for the duration of a run (``--compilation_cache``).
 
-A run compiles its train, evaluation and diagnostics programs before its first step: about 5 s
-of the main job's 27 s on 2 CPU cores, and on an accelerator a larger share of a shorter run.
+A run compiles its train, evaluation and diagnostics programs before its first step: a good part
+of a short run on a CPU (BENCHMARKS.md, "The main job's wall time outside the train steps"),
+and on an accelerator a larger share of a shorter run.
 JAX can keep compiled programs on disk and load them in a later run with the same programs
 (``jax_compilation_cache_dir``); it is off unless asked for. The experiment runner asks for it,
 in ``~/.cache/deqjax/jax`` by default, and only for the run: the setting before it is restored
 after it (a test that calls several experiments in one process sees no cache outside them). A
 cache folder set through JAX (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) is left as it is.
-JAX writes only programs that took at least ``jax_persistent_cache_min_compile_time_secs`` (1 s)
-to compile, keyed by the program, the JAX and XLA versions and the devices. The folder is bounded
-(:data:`MAX_BYTES`: JAX evicts the least recently used programs), which also makes JAX lock it
-(``filelock``), so that runs in parallel never read a program another one is writing.
+JAX writes only programs that took at least ``jax_persistent_cache_min_compile_time_secs`` (a
+second, JAX's default) to compile, keyed by the program, the JAX and XLA versions and the
+devices. The folder is bounded (:data:`MAX_BYTES`: JAX evicts the least recently used programs),
+which also makes JAX lock it (``filelock``), so that runs in parallel never read a program
+another one is writing.
 """
 
 from __future__ import annotations

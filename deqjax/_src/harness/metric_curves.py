@@ -95,8 +95,9 @@ def make_figure(
     if title:
         fig.suptitle(title)
     # Fixed margins (in inches, for the fixed panel size above) rather than tight_layout, which
-    # draws every panel's ticks and labels once more to measure them: 2 of the 3 s this figure
-    # took for a run's 24 panels.
+    # draws every panel's ticks and labels once more to measure them: most of the time this figure
+    # took for a run's 24 panels (BENCHMARKS.md, "The main job's wall time outside the train
+    # steps").
     width, height = fig.get_size_inches()
     top = 0.9 if title else 0.35
     bottom = 0.45 + (0.3 if constant else 0.0)

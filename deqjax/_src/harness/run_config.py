@@ -29,8 +29,8 @@ class RunConfig:
     overwrite: Switch = False
     """start afresh in an --out_dir holding an earlier run, deleting that run's files"""
     compilation_cache: str = COMPILATION_CACHE
-    """folder where JAX keeps the programs that took over 1 s to compile, for later runs to load
-    ('': off; a JAX_COMPILATION_CACHE_DIR set in the environment is used instead)"""
+    """folder where JAX keeps the programs that took over a second to compile, for later runs to
+    load ('': off; a JAX_COMPILATION_CACHE_DIR set in the environment is used instead)"""
 
 
 @dataclasses.dataclass(frozen=True)

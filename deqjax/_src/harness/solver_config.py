@@ -1,7 +1,7 @@
 """The forward solver and the gradient through z*, chosen by the gradient's name.
 
-:func:`solver_and_adjoint` is the one place a gradient name (:data:`GRADIENTS`, README's table
-of gradients) becomes a ``(forward solver, adjoint)`` pair; :class:`SolverConfig` is the
+:func:`solver_and_adjoint` is the one place a gradient name (:data:`GRADIENTS`, the table of
+docs/guide/gradients.md) becomes a ``(forward solver, adjoint)`` pair; :class:`SolverConfig` is the
 configuration section of its flags (``--max_steps --tol --anderson_m --stop_mode --bwd_max_steps
 --bwd_tol --adjoint --adjoint_steps``) and builds the pair with its backward Anderson solver.
 """
@@ -27,7 +27,7 @@ from deqjax._src.solvers.fixed_point_iteration import FixedPointIteration
 from deqjax._src.solvers.reversible import Reversible
 
 Gradient = Literal["implicit", "phantom", "one_step", "unrolled", "shine", "reversible"]
-# The gradient strategies selectable by name (``--adjoint``), README's table of gradients.
+# The gradient strategies selectable by name (``--adjoint``), the table of docs/guide/gradients.md.
 GRADIENTS: tuple[str, ...] = typing.get_args(Gradient)
 
 

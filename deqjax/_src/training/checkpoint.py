@@ -157,7 +157,8 @@ class Checkpointer:
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3):
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}.")
-        import orbax.checkpoint as ocp  # slow import (~3 s): only when checkpointing
+        # A slow import (BENCHMARKS.md, "Import and data-source times"): only when checkpointing.
+        import orbax.checkpoint as ocp
 
         self._ocp = ocp
         self.directory = os.path.abspath(os.fspath(directory))

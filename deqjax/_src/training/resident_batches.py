@@ -2,7 +2,8 @@
 
 A :class:`~deqjax.data.ShuffledBatches` gives the host one batch per step, which the loop then
 places on the devices (:meth:`~deqjax.training.DataParallel.put`): on a GPU a host-to-device copy
-per step, on a CPU the placement's own cost (about 0.2 ms a step, more than the gather). Asked
+per step, on a CPU the placement's own cost, more than the gather (BENCHMARKS.md, "The main
+job's wall time outside the train steps"). Asked
 with ``device_resident=True``, :func:`placed_batches` hands the loop a :class:`ResidentBatches`
 instead: the arrays are placed once, replicated on every device, the epoch's order (an int32
 ``[N]``) once per epoch, and one compiled program per step gathers each device's rows of the next

@@ -2,8 +2,8 @@
 
 A training run compiles three programs: the train step (first), the evaluation step (first used at
 the end of the first epoch) and the diagnostics step (first used after ``diagnostics_every``
-steps). Compiled one after the other on first use they add their compile times to the run (the
-main job on 2 CPU cores: 4.8 s, 0.9 s and 2.6 s, BENCHMARKS.md, "The main job's wall time"). XLA
+steps). Compiled one after the other on first use they add their compile times to the run
+(BENCHMARKS.md, "The main job's wall time outside the train steps"). XLA
 compiles a program on one host thread, so :func:`compile_in_background` lowers and compiles the
 later ones on threads of their own from the start: their compilation overlaps the train step's,
 and the first call finds its program in JAX's cache (a lowered-and-compiled ``pmap``/``jit``
