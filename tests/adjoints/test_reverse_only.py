@@ -60,8 +60,19 @@ TRANSFORMS = {
 @pytest.mark.parametrize("jitted", [True, False], ids=["jitted_loss", "plain_loss"])
 @pytest.mark.parametrize("transform", sorted(TRANSFORMS))
 def test_every_forward_mode_use_of_the_default_adjoint_names_forward_mode_true(transform, jitted):
-    with pytest.raises(ValueError, match=NAMES_FORWARD_MODE):
+    expected = (ValueError, NAMES_FORWARD_MODE)
+    if jitted and transform in JAX_REFUSES_FIRST:
+        expected = (TypeError, "can't apply forward-mode autodiff")
+    with pytest.raises(expected[0], match=expected[1]):
         jax.block_until_ready(TRANSFORMS[transform](loss_of(jitted=jitted)))
+
+
+# A jax.vmap of a jvp of a loss jitted before the jvp: JAX batches the jvp'd program eqn by eqn,
+# and its own rule for the custom_vjp's tangent (custom_lin) refuses at batching, while the guard
+# on the layer's inputs must batch as the identity (jax.grad of a jax.vmap of the layer batches
+# it too) and refuses only where the tangent is evaluated or lowered, later. Still an error,
+# never the loops' derivative; only its message is JAX's.
+JAX_REFUSES_FIRST = ("jacfwd", "vmap_of_jvp")
 
 
 def _batch_native(p):

@@ -99,14 +99,19 @@ def _refuse(*_: Any, message: str, **__: Any) -> None:
 
 
 # The tangent of refuse_jvp's inputs: abstractly the identity, transposed to the identity (the
-# cotangent passes through, nothing is bound), and an error wherever it would run or be batched,
-# lowered or differentiated again, that is wherever a forward-mode tangent is computed.
+# cotangent passes through, nothing is bound), batched as the identity (a per-example solve under
+# jax.vmap, differentiated by jax.grad, batches the linearised program before transposing it),
+# and an error wherever it would run, be lowered or be differentiated again, that is wherever a
+# forward-mode tangent is computed.
 _forward_tangent_p = Primitive("deqjax_forward_tangent_refused")
 _forward_tangent_p.def_abstract_eval(lambda x, **_: x)
 _forward_tangent_p.def_impl(_refuse)
 ad.primitive_transposes[_forward_tangent_p] = lambda ct, x, **_: [ct]
 ad.primitive_jvps[_forward_tangent_p] = _refuse
-batching.primitive_batchers[_forward_tangent_p] = _refuse
+batching.primitive_batchers[_forward_tangent_p] = lambda args, dims, **params: (
+    _forward_tangent_p.bind(*args, **params),
+    dims[0],
+)
 mlir.register_lowering(_forward_tangent_p, _refuse)
 
 
