@@ -13,8 +13,9 @@ as ONE compiled program, looked up in a bounded cache by
 * the static configuration: the normalised solver and adjoint objects (frozen dataclasses that
   compare and hash by value; a user's own solver callable among them is described like the
   function), ``has_aux``, ...;
-* the Python values (not arrays) among the arguments, described like the function, and the
-  arguments' pytree structure (the arrays' shapes and dtypes are ``jax.jit``'s own cache key).
+* the Python values (not arrays) among the arguments (scalars: ``f`` is evaluated on them), and
+  the arguments' pytree structure (the arrays' shapes and dtypes are ``jax.jit``'s own cache
+  key).
 
 So a repeated eager call (the same function or a fresh ``lambda`` with the same code, equal
 settings and values, arrays of the same shapes and dtypes) compiles nothing, and an eager
@@ -33,18 +34,18 @@ even an operation on a constant gives a tracer, under evaluation and eager ``gra
 trace, as before. The question is asked only when an input is traced: a call whose inputs are all
 concrete runs the cached program, which JAX inlines should it be inside a staging trace after all
 (a nested ``jit``; e.g. ``jax.jit`` of a function solving a problem of numpy constants). The
-function runs un-jitted, as before, when a value it reads (or a Python value among the arguments,
-or a user's solver callable) cannot be described by contents (``split_callable`` returns an
-``Unkeyed``: an unhashable value that is not a pytree, a plain object holding arrays, a function
-reaching itself, a very large object graph; an eager call then warns once per value, naming it),
-when a setting is unhashable, when it fails to trace with abstract values (a
-``ConcretizationTypeError`` or ``TracerArrayConversionError``: Python control flow on values,
-numpy on arrays; such a key is remembered), when a solver in the settings has ``loop="python"``
-(asked for to debug on concrete values), under an eager ``grad`` (or ``jvp``/``vmap``: public
-API does not tell them apart) when the settings hold a user's own solver (a backward solve may
-run it after the call returned, where a failure to trace could not fall back), and, for
-``dq.fixed_point``, when it closes over a value traced by an eager ``grad``/``vmap`` (the
-un-jitted path raises its "closes over traced array(s)" error).
+function runs un-jitted, as before, when a value it (or a user's solver callable) reads cannot be
+described by contents (``split_callable`` returns an ``Unkeyed``: an unhashable value that is not
+a pytree, a plain object holding arrays, a function reaching itself, a very large object graph;
+an eager call then warns once per value, naming it), when a setting is unhashable, when the
+function fails to trace with abstract values (a ``ConcretizationTypeError`` or
+``TracerArrayConversionError``: Python control flow on values, numpy on arrays; such a key is
+remembered), when a solver in the settings has ``loop="python"`` (asked for to debug on concrete
+values), under an eager ``grad`` (or ``jvp``/``vmap``: public API does not tell them apart) when
+the settings hold a user's own solver (a backward solve may run it after the call returned,
+where a failure to trace could not fall back), and, for ``dq.fixed_point``, when it closes over a
+value traced by an eager ``grad``/``vmap`` (the un-jitted path raises its "closes over traced
+array(s)" error).
 """
 
 from __future__ import annotations
@@ -61,7 +62,6 @@ import jax
 import numpy as np
 
 from deqjax._src import function_key
-from deqjax._src.key_descriptions import SCALARS
 
 MAX_ENTRIES = 64
 
@@ -76,8 +76,7 @@ _cache: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
 _untraceable: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
 _warned: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
 _lock = threading.Lock()
-# While a program is traced: the calling function's key and the arguments' description.
-_current = threading.local()
+_current = threading.local()  # the calling function's key while its program is traced
 
 
 class _Dynamic:
@@ -156,62 +155,41 @@ def _is_array(leaf: Any) -> bool:
     return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
 
 
-@dataclasses.dataclass(frozen=True)
-class _Contents:
-    """A Python value in the key by its description (:func:`function_key.split_callable`)."""
-
-    key: Hashable
-
-
-def _described(value: Any, role: str) -> _Contents | function_key.Unkeyed:
-    """The key of a Python value that is not the function (an argument's, a user's solver):
-    described like the function; one holding arrays is not keyed (it would be baked in)."""
-    split = function_key.split_callable(value)
+def _solver_key(fn: Callable[..., Any]) -> Hashable | function_key.Unkeyed:
+    """The key of a user's solver callable: described like the function; one holding arrays is
+    not keyed (they would be baked into the program)."""
+    split = function_key.split_callable(fn)
     if isinstance(split, function_key.Unkeyed):
-        return dataclasses.replace(split, what=f"{role} {split.what}")
+        return dataclasses.replace(split, what=f"the solver {split.what}")
     key, ops = split
     if ops:
-        what = f"{role} {function_key.path_of(value)}"
+        what = f"the solver {function_key.path_of(fn)}"
         return function_key.Unkeyed(what, "it holds arrays, which would be baked into the program")
-    return _Contents(key)
+    return key
 
 
-def _split_arguments(leaves: list[Any]) -> tuple[Hashable, ...] | function_key.Unkeyed:
-    """The arguments' leaves in the key: arrays marked, Python values by value or contents."""
-    statics = []
-    for leaf in leaves:
-        if _is_array(leaf):
-            statics.append(_DYNAMIC)
-        elif type(leaf) in SCALARS:
-            statics.append((type(leaf), leaf))
-        else:
-            key = _described(leaf, "the argument")
-            if isinstance(key, function_key.Unkeyed):
-                return key
-            statics.append(key)
-    return tuple(statics)
+def _split_arguments(args: tuple) -> tuple[Hashable, list[Any]]:
+    """``args`` as (structure and Python values, arrays); ``TypeError`` for an unhashable
+    Python value. (``f`` is evaluated on them: their leaves are arrays or Python scalars.)"""
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    arrays = [leaf for leaf in leaves if _is_array(leaf)]
+    statics = tuple(_DYNAMIC if _is_array(leaf) else (type(leaf), leaf) for leaf in leaves)
+    hash(statics)
+    return (treedef, statics), arrays
 
 
-def _argument(static: Any) -> Any:
-    """An argument leaf back from its place in the key (not an array)."""
-    if type(static) is _Contents:
-        return function_key.rebuild(static.key, ())
-    return static[1]
-
-
-def _program(impl: Callable[..., Any], static: Hashable, first: tuple[Any, Hashable]):
-    """The jitted program of one cache entry (``first``: the function's key and the arguments'
-    of the call that made it)."""
+def _program(impl: Callable[..., Any], static: Hashable, arguments: Hashable, first_key: Any):
+    """The jitted program of one cache entry."""
+    treedef, statics = arguments
 
     def program(operands: list[Any], arrays: list[Any]) -> Any:
-        # The function and the arguments' Python values are rebuilt from the calling call's
-        # descriptions (its objects, equal in contents to the first call's), around the traced
-        # operands.
-        fkey, (treedef, statics) = getattr(_current, "call", None) or first
         it = iter(arrays)
-        leaves = [next(it) if s is _DYNAMIC else _argument(s) for s in statics]
+        leaves = [next(it) if s is _DYNAMIC else s[1] for s in statics]
         args = jax.tree_util.tree_unflatten(treedef, leaves)
-        return impl(functools.partial(function_key.rebuild, fkey), operands, static, *args)
+        # The function is rebuilt from the calling function's description (this call's objects,
+        # equal in contents to the first call's), around the traced operands.
+        key = getattr(_current, "key", None) or first_key
+        return impl(functools.partial(function_key.rebuild, key), operands, static, *args)
 
     return jax.jit(program)
 
@@ -279,8 +257,10 @@ def run(
       trace that stages out (:func:`staged`), a value ``f`` reads, a Python value in ``args`` or
       a setting cannot be keyed (see the module docstring), or ``f`` cannot be traced.
     """
-    leaves, treedef = jax.tree_util.tree_flatten(args)
-    arrays = [leaf for leaf in leaves if _is_array(leaf)]
+    try:
+        arguments, arrays = _split_arguments(args)
+    except TypeError:  # an unhashable argument value
+        return NOT_JITTED
     traced = _traced(arrays)
     if traced and staged():
         return NOT_JITTED
@@ -301,23 +281,18 @@ def run(
     try:
         if _settings_run_eagerly(static, traced):
             return NOT_JITTED
-        solvers = tuple(_described(fn, "the solver") for fn in _user_callables(static))
-    except TypeError:  # an unhashable setting
-        return NOT_JITTED
-    statics = _split_arguments(leaves)
-    for described in (*solvers, statics):
-        if isinstance(described, function_key.Unkeyed):
-            return _uncached(described)
-    arguments = (treedef, statics)
-    try:
+        solvers = tuple(_solver_key(fn) for fn in _user_callables(static))
         key = (impl, fkey, static, solvers, arguments)
         hash(key)
-    except TypeError:  # an unhashable argument value
+    except TypeError:  # an unhashable setting
         return NOT_JITTED
+    for described in solvers:
+        if isinstance(described, function_key.Unkeyed):
+            return _uncached(described)
     if key in _untraceable:
         return NOT_JITTED
-    program = _entry(key, lambda: _program(impl, static, (fkey, arguments)))
-    outer, _current.call = getattr(_current, "call", None), (fkey, arguments)
+    program = _entry(key, lambda: _program(impl, static, arguments, fkey))
+    outer, _current.key = getattr(_current, "key", None), fkey
     try:
         return program(ops, arrays)
     except _UNTRACEABLE:
@@ -328,7 +303,7 @@ def run(
                 _untraceable.popitem(last=False)
         return NOT_JITTED
     finally:
-        _current.call = outer
+        _current.key = outer
 
 
 def clear() -> None:

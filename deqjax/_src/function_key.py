@@ -14,9 +14,11 @@ closing over a new matrix of the same shape reuses the compiled program, and
   described: ``hk.transform`` closes over the user's function). A global array is an operand
   (rebinding it is seen).
 * A ``functools.partial``, a bound method: their function, arguments and object.
-* A pytree (a tuple, a dict, an Equinox module, a ``jax.tree_util.Partial``): its structure, its
-  array leaves as operands and its other leaves described.
-* A value that compares by value (a number, a string, a frozen settings object): by value.
+* A pytree (a tuple, a dict, an Equinox module, a ``jax.tree_util.Partial``): its structure (the
+  user's classes among its nodes described as classes are, below), its array leaves as operands
+  and its other leaves described.
+* A value of a library's class that compares by value (a number, a string, a solver object): by
+  value.
 * An object, a class or a module: by its contents (:mod:`deqjax._src.object_contents`), a Haiku
   module by its class, ``module_name`` and attributes (``dq.nn.DEQ`` cells are made again on
   every ``apply`` of a model).
@@ -33,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import types
+import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any, Callable
 
@@ -72,35 +75,38 @@ class Unkeyed:
         return self.last, self.why
 
 
-@functools.lru_cache(maxsize=1024)
-def _global_names(code: types.CodeType) -> tuple[str, ...]:
-    """The names ``code`` (and the functions defined in it) may read as globals."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names.update(_global_names(const))
-    return tuple(sorted(names))
+# id(code) -> (a weak reference to it, its global names, its spelled names); by identity: a code
+# object's hash hashes its constants (the nested functions' code too) on every call.
+_code_names: dict[int, tuple[weakref.ref, tuple[str, ...], frozenset[str]]] = {}
 
 
-@functools.lru_cache(maxsize=1024)
-def _spelled_names(code: types.CodeType) -> frozenset[str]:
-    """The attribute names ``code`` (and the functions defined in it) spells: its ``co_names``
-    and its string constants that are identifiers (``getattr(x, "name")``)."""
-    names = set(code.co_names)
+def _names(code: types.CodeType) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The names ``code`` (and the functions defined in it) may read as globals (its
+    ``co_names``), and the attribute names it spells: its ``co_names`` and its string constants
+    that are identifiers (``getattr(x, "name")``)."""
+    entry = _code_names.get(id(code))
+    if entry is not None and entry[0]() is code:
+        return entry[1], entry[2]
+    read, spelled = set(code.co_names), set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names.update(_spelled_names(const))
+            inner_read, inner_spelled = _names(const)
+            read.update(inner_read)
+            spelled.update(inner_spelled)
         elif isinstance(const, str) and const.isidentifier():
-            names.add(const)
-    return frozenset(names)
+            spelled.add(const)
+    if len(_code_names) > 4096:
+        _code_names.clear()
+    entry = _code_names[id(code)] = (weakref.ref(code), tuple(sorted(read)), frozenset(spelled))
+    return entry[1], entry[2]
 
 
 def _describe_function(fn: types.FunctionType, walk: Walk) -> Function:
+    """A function (see the module docstring): a library's globals are taken as they are."""
     if id(fn) in walk.visiting:  # a function reaching itself through its closure or globals
         raise Unkeyable("a function that reaches itself (recursive)")
     walk.visiting.add(id(fn))
     code, namespace = fn.__code__, fn.__globals__
-    library = library_code.is_library_module(namespace.get("__name__"))
     try:
         defaults = fn.__defaults__
         if defaults is not None:
@@ -114,16 +120,27 @@ def _describe_function(fn: types.FunctionType, walk: Walk) -> Function:
             _describe_cell(name, cell, walk)
             for name, cell in zip(code.co_freevars, fn.__closure__ or ())
         )
-        reads: tuple = ()
-        if not library:  # a library's globals are its code: taken as they are
-            walk.names.update(_spelled_names(code))
-            reads = tuple(
-                (name, walk.labelled(name, namespace[name]))
-                for name in _global_names(code)
-                if name in namespace
-            )
+        reads = []
+        if not library_code.is_library_module(namespace.get("__name__")):
+            read, spelled = _names(code)
+            walk.names.update(spelled)
+            for name in read:
+                if name not in namespace:
+                    continue
+                value = namespace[name]
+                if type(value) is types.ModuleType and library_code.is_library_module(
+                    value.__name__
+                ):  # ``jnp``: the common global, taken as it is without a walk
+                    reads.append((name, Identity(value)))
+                    continue
+                try:
+                    reads.append((name, _describe(value, walk)))
+                except Unkeyable as e:
+                    e.path.append(name)
+                    raise
     finally:
         walk.visiting.discard(id(fn))
+    reads = tuple(reads)
     n = count(defaults or (), tuple(d for _, d in kwdefaults), cells, tuple(d for _, d in reads))
     return Function(code, Identity(namespace), defaults, kwdefaults, cells, reads, n, bare(fn, n))
 
@@ -169,12 +186,31 @@ def _describe(value: Any, walk: Walk) -> Any:
     if treedef.num_nodes == 1 and treedef.num_leaves == 1:  # a leaf
         return object_contents.describe_object(value, walk)
     try:
-        hash(treedef)
+        kinds = _users_node_types(treedef)
     except TypeError:
         raise Unkeyable("unhashable pytree node data") from None
+    classes = tuple(walk.labelled(f"<{k.__qualname__}>", k) for k in kinds)
     described = tuple(walk.labelled(f"[{i}]", leaf) for i, leaf in enumerate(leaves))
     n = count(described)
-    return Tree(treedef, described, n, proto=None if n else value)
+    return Tree(treedef, classes, described, n, proto=None if n else value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _users_node_types(treedef: Any) -> tuple[type, ...]:
+    """The user's classes among a pytree's nodes (an Equinox module's class, a NamedTuple): the
+    structure names them by identity, their methods' code is described like a class's."""
+    kinds: list[type] = []
+    pending = [treedef]
+    while pending:
+        node = pending.pop()
+        data = node.node_data()
+        if data is None:  # a leaf
+            continue
+        kind = data[0]
+        if kind not in kinds and not library_code.is_library_module(kind.__module__):
+            kinds.append(kind)
+        pending.extend(node.children())
+    return tuple(kinds)
 
 
 def path_of(f: Any, labels: Sequence[str] = ()) -> str:
@@ -208,7 +244,8 @@ def split_callable(f: Callable[..., Any]) -> tuple[Hashable, list[Any]] | Unkeye
     walk = Walk(_describe)
     try:
         key = _describe(f, walk)
-        object_contents.settle(walk)
+        if walk.namespaces:
+            object_contents.settle(walk)
         hash(key)
     except Unkeyable as e:
         return Unkeyed(path_of(f, e.path), e.reason, e.path[0] if e.path else "")

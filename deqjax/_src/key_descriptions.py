@@ -39,6 +39,17 @@ class Walk:
     the names the user's code spells, and the objects described by contents (by identity of the
     object, so a second sight of one is a :class:`Ref`)."""
 
+    __slots__ = (
+        "describe",
+        "operands",
+        "left",
+        "visiting",
+        "names",
+        "seen",
+        "objects",
+        "namespaces",
+    )
+
     def __init__(self, describe: Callable[[Any, Walk], Any]) -> None:
         self.describe = describe
         self.operands: list[Any] = []
@@ -261,9 +272,11 @@ class Method:
 
 @dataclasses.dataclass(frozen=True)
 class Tree:
-    """A pytree node (a tuple, a dict, an Equinox module, ...): its structure and its leaves."""
+    """A pytree node (a tuple, a dict, an Equinox module, ...): its structure, the user's classes
+    among its nodes (described) and its leaves."""
 
     treedef: Any
+    classes: tuple
     leaves: tuple
     n: int
     proto: Any = dataclasses.field(compare=False, repr=False)

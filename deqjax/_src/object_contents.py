@@ -147,8 +147,12 @@ def describe_object(obj: Any, walk: Walk) -> Any:
             raise Unkeyable("unhashable") from None
         return Value(kind, obj) if by_value else Identity(obj)
     value = None
-    if by_value and kind.__hash__ is not None:
-        value = _hashed(kind, obj)
+    if by_value:
+        try:
+            value = _hashed(kind, obj)
+        except Unkeyable:  # its attributes say what it holds, unless a builtin base holds more
+            if any(b.__module__ == "builtins" for b in kind.__mro__[1:-1]):
+                raise
     return _instance(obj, walk, value)
 
 
