@@ -41,7 +41,7 @@ import enum
 import functools
 import sys
 import types
-from typing import Any, Callable
+from typing import Any
 
 from deqjax._src import library_code
 from deqjax._src.key_descriptions import (
@@ -181,59 +181,67 @@ def describe_namespace(obj: type | types.ModuleType, walk: Walk) -> Any:
 _SKIP = object()  # a class attribute that a library class defines
 
 
+@functools.lru_cache(maxsize=256)
+def _resolution_order(cls: type) -> tuple[tuple[dict[str, Any], bool], ...]:
+    """``cls``'s method resolution order: each class's attributes (live) and whether it is a
+    library's."""
+    return tuple((vars(k), library_code.is_library_module(k.__module__)) for k in cls.__mro__)
+
+
 def _class_attribute(cls: type, name: str) -> Any:
     """``name`` as ``cls`` resolves it (without calling descriptors), ``_SKIP`` when a library
     class defines it."""
-    for klass in cls.__mro__:
-        attributes = vars(klass)
+    for attributes, library in _resolution_order(cls):
         if name in attributes:
-            if library_code.is_library_module(klass.__module__):
-                return _SKIP
-            return attributes[name]
+            return _SKIP if library else attributes[name]
     return _SKIP
 
 
-def _special_methods(cls: type) -> frozenset[str]:
+def _special_methods(cls: type) -> set[str]:
     """The special methods (``__call__``, ``__add__``, ...) the user's classes of ``cls``'s
     method resolution order define: Python calls them without naming them."""
-    return frozenset(
+    return {
         name
-        for klass in cls.__mro__
-        if not library_code.is_library_module(klass.__module__)
-        for name, value in vars(klass).items()
+        for attributes, library in _resolution_order(cls)
+        if not library
+        for name, value in attributes.items()
         if name.startswith("__") and name.endswith("__") and name not in _NOT_ATTRIBUTES
         if isinstance(value, (types.FunctionType, *_DESCRIPTORS))
-    )
+    }
 
 
-def _wanted(obj: Any, names: set[str]) -> tuple[list[str], Callable[[str], Any]]:
-    """The attributes of a user's class or module to describe, and how to read one."""
+def _unread(namespace: Namespace, names: set[str]) -> list[tuple[str, Any]]:
+    """The attributes of a user's class or module that its readers may read and the walk has not
+    described yet, by name: (name, value)."""
+    obj, items = namespace.obj, namespace.items
     if isinstance(obj, types.ModuleType):
         attributes = vars(obj)
-        return [n for n in names if n in attributes], attributes.__getitem__
-    read = functools.partial(_class_attribute, obj)
-    wanted = [n for n in names if n not in _NOT_ATTRIBUTES and read(n) is not _SKIP]
-    return wanted + list(_special_methods(obj) - names), read
+        return [(n, attributes[n]) for n in sorted(names) if n in attributes and n not in items]
+    unread = []
+    for name in sorted(names | _special_methods(obj)):
+        if name not in items and name not in _NOT_ATTRIBUTES:
+            value = _class_attribute(obj, name)
+            if value is not _SKIP:
+                unread.append((name, value))
+    return unread
 
 
 def settle(walk: Walk) -> None:
     """Describes the attributes of the walk's namespaces (classes and modules of the user's)
-    that its code may read, until describing them finds no new name or namespace; then freezes
-    them (see the module docstring)."""
-    grew = True
-    while grew:
-        grew = False
+    that its code may read, until describing them adds no name (a namespace added meanwhile is
+    described in the same pass); then freezes them (see the module docstring)."""
+    names = -1
+    while len(walk.names) != names:
+        names = len(walk.names)
         i = 0
         while i < len(walk.namespaces):  # describing may add namespaces (and names)
             namespace = walk.namespaces[i]
-            wanted, read = _wanted(namespace.obj, walk.names)
-            for name in sorted(set(wanted) - namespace.items.keys()):
-                grew = True
-                try:
-                    namespace.items[name] = walk.labelled(f".{name}", read(name))
-                except Unkeyable as e:
-                    e.path.append(_label(namespace.obj))
-                    raise
+            try:
+                for name, value in _unread(namespace, walk.names):
+                    namespace.items[name] = walk.labelled(f".{name}", value)
+            except Unkeyable as e:
+                e.path.append(_label(namespace.obj))
+                raise
             i += 1
     for namespace in walk.namespaces:
         namespace.freeze()
