@@ -8,6 +8,8 @@ lines of /proc/self/maps (each executable maps its code).
 
 import contextlib
 import functools
+import sys
+import warnings
 from unittest import mock
 
 import jax
@@ -191,7 +193,7 @@ def test_fresh_lambda_over_new_arrays_reuses_the_program():
 
 
 class _Scale:
-    """A plain object: a closure over it is keyed by identity (a new one: a new program)."""
+    """A plain object: a closure over it is keyed by its contents (a new value: a new program)."""
 
     def __init__(self, value):
         self.value = value
@@ -416,3 +418,44 @@ def test_python_loop_runs_unjitted_forward_and_backward():
     assert sum(concrete) > 3 and keys == []
     want = jax.grad(loss_of(solver=dq.solvers.FixedPointIteration(max_steps=40)))(P)
     np.testing.assert_allclose(g["W"], want["W"], rtol=1e-6)
+
+
+def test_unkeyable_value_warns_once_naming_it():
+    """A value that cannot be keyed by contents: the call runs un-jitted (fresh, never stale)
+    and one warning names the value."""
+    holder = _Holder(P["W"])
+
+    def f(p, x, z):
+        return jnp.tanh(z @ holder.w.T + x + p)
+
+    compiled.clear()
+    with pytest.warns(UserWarning, match=r"f -> holder\.w` .*holding arrays") as record:
+        got = dq.fixed_point(f, P["b"], X, Z0)[0]
+    assert len(record) == 1
+    np.testing.assert_allclose(got, dq.fixed_point(cell, P, X, Z0)[0], rtol=1e-12)
+    holder.w = 0.5 * P["W"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once
+        got = dq.fixed_point(f, P["b"], X, Z0)[0]
+    want = dq.fixed_point(cell, {"W": 0.5 * P["W"], "b": P["b"]}, X, Z0)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+_STEPS = 1
+
+
+def _capped_iteration(f, z0):
+    """A user's solver reading a global of its module."""
+    return dq.solvers.FixedPointIteration(max_steps=_STEPS)(f, z0)
+
+
+def test_users_solver_is_keyed_by_what_it_reads(monkeypatch):
+    def solve():
+        return float(dq.fixed_point(cell, P, X, Z0, solver=_capped_iteration)[0][0])
+
+    compiled.clear()
+    one_step = solve()
+    monkeypatch.setattr(sys.modules[__name__], "_STEPS", 30)
+    got = solve()
+    compiled.clear()
+    assert got == solve() != one_step  # a fresh computation

@@ -4,22 +4,27 @@ Called eagerly (no ``jit`` of the user's around it), ``dq.fixed_point``, a solve
 solver functions and their ``functools.partial`` forms) and the solve of ``dq.nn.DEQ`` each run
 as ONE compiled program, looked up in a bounded cache by
 
-* the user's function, as :func:`deqjax._src.function_key.split_callable` describes it: its code,
-  defaults, the Python values it closes over or reads as globals (by value when they compare by
-  value, else by identity), nested functions, partials and Haiku modules described in turn. The
-  arrays among them are operands of the program, not constants baked into it, so closing over
-  new values of the same shapes reuses it, and a description keeps no array alive;
+* the user's function, as :func:`deqjax._src.function_key.split_callable` describes it: its code
+  and everything it can read, by contents (an attribute of an object, a class or a module it
+  reads, changed since an earlier call, makes another key: a program is never served for a
+  value that has since changed). The arrays among them are operands of the program, not
+  constants baked into it, so closing over new values of the same shapes reuses it, and a
+  description keeps no array alive;
 * the static configuration: the normalised solver and adjoint objects (frozen dataclasses that
-  compare and hash by value), ``has_aux``, ...;
-* the Python values (not arrays) among the arguments, and the arguments' pytree structure (the
-  arrays' shapes and dtypes are ``jax.jit``'s own cache key).
+  compare and hash by value; a user's own solver callable among them is described like the
+  function), ``has_aux``, ...;
+* the Python values (not arrays) among the arguments (scalars: ``f`` is evaluated on them), and
+  the arguments' pytree structure (the arrays' shapes and dtypes are ``jax.jit``'s own cache
+  key).
 
 So a repeated eager call (the same function or a fresh ``lambda`` with the same code, equal
-settings, arrays of the same shapes and dtypes) compiles nothing, and an eager ``jax.grad`` of
-it differentiates the cached program (its linearisation and transpose are cached by JAX with
-it). The cache holds :data:`MAX_ENTRIES` programs (each keeps its compiled code mapped in memory,
-and an eager gradient's several): the least recently used one is dropped, and with it its
-executables, so a stream of new functions keeps a bounded amount of code.
+settings and values, arrays of the same shapes and dtypes) compiles nothing, and an eager
+``jax.grad`` of it differentiates the cached program (its linearisation and transpose are cached
+by JAX with it). A program is traced with the objects of the call that looks it up (equal in
+contents to those it was made for). The cache holds :data:`MAX_ENTRIES` programs (each keeps
+its compiled code mapped in memory, and an eager gradient's several): the least recently used
+one is dropped, and with it its executables, so a stream of new functions keeps a bounded amount
+of code.
 
 *Eager* means that no trace on the stack stages out: the call evaluates, or runs under an eager
 ``grad``/``jvp``/``vmap`` (:func:`staged` tells, with public JAX API only: under a staging trace
@@ -29,16 +34,18 @@ even an operation on a constant gives a tracer, under evaluation and eager ``gra
 trace, as before. The question is asked only when an input is traced: a call whose inputs are all
 concrete runs the cached program, which JAX inlines should it be inside a staging trace after all
 (a nested ``jit``; e.g. ``jax.jit`` of a function solving a problem of numpy constants). The
-function runs un-jitted, as before, when it cannot be keyed (``split_callable`` returns ``None``:
-an unhashable value, a plain object holding arrays, a cycle, a very large object graph), when a
-setting or a Python argument is unhashable, when it fails to trace with abstract values (a
-``ConcretizationTypeError`` or ``TracerArrayConversionError``: Python control flow on values,
-numpy on arrays; such a key is remembered), when a solver in the settings has ``loop="python"``
-(asked for to debug on concrete values), under an eager ``grad`` (or ``jvp``/``vmap``: public
-API does not tell them apart) when the settings hold a user's own solver (a backward solve may
-run it after the call returned, where a failure to trace could not fall back), and, for
-``dq.fixed_point``, when it closes over a value traced by an eager ``grad``/``vmap`` (the
-un-jitted path raises its "closes over traced array(s)" error).
+function runs un-jitted, as before, when a value it (or a user's solver callable) reads cannot be
+described by contents (``split_callable`` returns an ``Unkeyed``: an unhashable value that is not
+a pytree, a plain object holding arrays, a function reaching itself, a very large object graph;
+an eager call then warns once per value, naming it), when a setting is unhashable, when the
+function fails to trace with abstract values (a ``ConcretizationTypeError`` or
+``TracerArrayConversionError``: Python control flow on values, numpy on arrays; such a key is
+remembered), when a solver in the settings has ``loop="python"`` (asked for to debug on concrete
+values), under an eager ``grad`` (or ``jvp``/``vmap``: public API does not tell them apart) when
+the settings hold a user's own solver (a backward solve may run it after the call returned,
+where a failure to trace could not fall back), and, for ``dq.fixed_point``, when it closes over a
+value traced by an eager ``grad``/``vmap`` (the un-jitted path raises its "closes over traced
+array(s)" error).
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ import collections
 import dataclasses
 import functools
 import threading
-from collections.abc import Hashable
+import warnings
+from collections.abc import Hashable, Iterator
 from typing import Any, Callable
 
 import jax
@@ -66,6 +74,7 @@ _UNTRACEABLE = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConver
 
 _cache: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
 _untraceable: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
+_warned: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
 _lock = threading.Lock()
 _current = threading.local()  # the calling function's key while its program is traced
 
@@ -92,7 +101,7 @@ def staged() -> bool:
     so its result is a ``jax.core.Tracer``; evaluation and an eager ``grad``/``jvp``/``vmap``
     compute an operation on a constant (none of its inputs is theirs) as a value.
     ``stop_gradient`` is the operation: evaluated, it returns its input without running a
-    computation (tens of microseconds of Python, so :func:`run` asks only when an input is traced).
+    computation (still a call into JAX: :func:`run` asks only when an input is traced).
     """
     return isinstance(jax.lax.stop_gradient(_PROBE), jax.core.Tracer)
 
@@ -102,20 +111,25 @@ def _traced(values: list[Any]) -> bool:
     return any(isinstance(v, jax.core.Tracer) for v in values)
 
 
-def _contains(obj: Any, test: Callable[[Any], bool], depth: int = 0) -> bool:
-    """Whether ``obj``, or an item or dataclass field of it (a few levels down), passes
-    ``test``."""
-    if test(obj):
-        return True
+def _parts(obj: Any, depth: int = 0) -> Iterator[Any]:
+    """``obj`` and its items and dataclass fields (a few levels down)."""
+    yield obj
     if depth >= 4:
-        return False
+        return
     if isinstance(obj, (tuple, list)):
         children = obj
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         children = [getattr(obj, field.name) for field in dataclasses.fields(obj)]
     else:
-        return False
-    return any(_contains(child, test, depth + 1) for child in children)
+        return
+    for child in children:
+        yield from _parts(child, depth + 1)
+
+
+def _contains(obj: Any, test: Callable[[Any], bool]) -> bool:
+    """Whether ``obj``, or an item or dataclass field of it (a few levels down), passes
+    ``test``."""
+    return any(test(part) for part in _parts(obj))
 
 
 @functools.lru_cache(maxsize=256)
@@ -128,16 +142,35 @@ def _settings_run_eagerly(static: Hashable, differentiated: bool) -> bool:
     back."""
     if _contains(static, lambda o: getattr(o, "loop", None) == "python"):
         return True
-    return differentiated and _contains(static, lambda o: getattr(o, "wraps_user_callable", False))
+    return differentiated and bool(_user_callables(static))
+
+
+@functools.lru_cache(maxsize=256)
+def _user_callables(static: Hashable) -> tuple[Any, ...]:
+    """The callables of the user's solvers in the settings (compared by identity there)."""
+    return tuple(o.fn for o in _parts(static) if getattr(o, "wraps_user_callable", False))
 
 
 def _is_array(leaf: Any) -> bool:
     return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
 
 
+def _solver_key(fn: Callable[..., Any]) -> Hashable | function_key.Unkeyed:
+    """The key of a user's solver callable: described like the function; one holding arrays is
+    not keyed (they would be baked into the program)."""
+    split = function_key.split_callable(fn)
+    if isinstance(split, function_key.Unkeyed):
+        return dataclasses.replace(split, what=f"the solver {split.what}")
+    key, ops = split
+    if ops:
+        what = f"the solver {function_key.path_of(fn)}"
+        return function_key.Unkeyed(what, "it holds arrays, which would be baked into the program")
+    return key
+
+
 def _split_arguments(args: tuple) -> tuple[Hashable, list[Any]]:
     """``args`` as (structure and Python values, arrays); ``TypeError`` for an unhashable
-    Python value."""
+    Python value. (``f`` is evaluated on them: their leaves are arrays or Python scalars.)"""
     leaves, treedef = jax.tree_util.tree_flatten(args)
     arrays = [leaf for leaf in leaves if _is_array(leaf)]
     statics = tuple(_DYNAMIC if _is_array(leaf) else (type(leaf), leaf) for leaf in leaves)
@@ -154,7 +187,7 @@ def _program(impl: Callable[..., Any], static: Hashable, arguments: Hashable, fi
         leaves = [next(it) if s is _DYNAMIC else s[1] for s in statics]
         args = jax.tree_util.tree_unflatten(treedef, leaves)
         # The function is rebuilt from the calling function's description (this call's objects,
-        # equal to the first call's), around the traced operands.
+        # equal in contents to the first call's), around the traced operands.
         key = getattr(_current, "key", None) or first_key
         return impl(functools.partial(function_key.rebuild, key), operands, static, *args)
 
@@ -172,6 +205,28 @@ def _entry(key: Hashable, make: Callable[[], Any]) -> Any:
         else:
             _cache.move_to_end(key)
     return program
+
+
+def _uncached(unkeyed: function_key.Unkeyed) -> Any:
+    """:data:`NOT_JITTED` for a call reading a value that cannot be keyed by contents, warning
+    once per value (not inside a staging trace, where the call is inlined anyway)."""
+    with _lock:
+        if unkeyed.site in _warned:
+            return NOT_JITTED
+    if staged():
+        return NOT_JITTED
+    with _lock:
+        _warned[unkeyed.site] = None
+        while len(_warned) > 4 * MAX_ENTRIES:
+            _warned.popitem(last=False)
+    warnings.warn(
+        f"deqjax: `{unkeyed.what}` cannot be part of a cached program's key ({unkeyed.why}), "
+        "so eager calls reading it run un-jitted: slower, never stale. Pass arrays as "
+        "arguments (params) and settings as values that compare by value, or jit the caller. "
+        "Warned once per value.",
+        stacklevel=4,
+    )
+    return NOT_JITTED
 
 
 def run(
@@ -199,8 +254,8 @@ def run(
 
     Returns:
       The program's output, or :data:`NOT_JITTED` when the caller must run un-jitted: inside a
-      trace that stages out (:func:`staged`), ``f`` or a Python value in ``args`` or ``static``
-      cannot be keyed, or ``f`` cannot be traced.
+      trace that stages out (:func:`staged`), a value ``f`` reads, a Python value in ``args`` or
+      a setting cannot be keyed (see the module docstring), or ``f`` cannot be traced.
     """
     try:
         arguments, arrays = _split_arguments(args)
@@ -210,8 +265,8 @@ def run(
     if traced and staged():
         return NOT_JITTED
     split = function_key.split_callable(f)
-    if split is None:
-        return NOT_JITTED
+    if isinstance(split, function_key.Unkeyed):
+        return _uncached(split)
     fkey, ops = split
     if ops and not operands:
         return NOT_JITTED
@@ -226,10 +281,14 @@ def run(
     try:
         if _settings_run_eagerly(static, traced):
             return NOT_JITTED
-        key = (impl, fkey, static, arguments)
+        solvers = tuple(_solver_key(fn) for fn in _user_callables(static))
+        key = (impl, fkey, static, solvers, arguments)
         hash(key)
     except TypeError:  # an unhashable setting
         return NOT_JITTED
+    for described in solvers:
+        if isinstance(described, function_key.Unkeyed):
+            return _uncached(described)
     if key in _untraceable:
         return NOT_JITTED
     program = _entry(key, lambda: _program(impl, static, arguments, fkey))
@@ -252,6 +311,7 @@ def clear() -> None:
     with _lock:
         _cache.clear()
         _untraceable.clear()
+        _warned.clear()
 
 
 def size() -> int:

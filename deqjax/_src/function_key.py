@@ -1,415 +1,256 @@
 """A user's function as a cache key and the arrays it reads (what lets entry points run compiled).
 
-``split_callable(f)`` describes ``f`` by what decides the program it traces to: its code, the
-Python values it closes over or reads as globals (by value when they compare by value, else by
-identity), and the structure of the arrays among them. The arrays themselves are *operands*: a
-compiled entry takes them as arguments, so a function closing over a new matrix of the same
-shape reuses the compiled program, and ``rebuild(key, operands)`` makes the function again
-around traced operands. What cannot be described (an unhashable value, a cycle, a very large
-object graph) makes the function unkeyable: its caller then runs it un-jitted, as before.
-Used by :mod:`deqjax._src.compiled`.
+``split_callable(f)`` describes ``f`` by what decides the program it traces to: its code and
+everything its code can read, described by contents, so that a value changed between two eager
+calls makes another key (a cached program is never served for a value that has since changed).
+The arrays among them are *operands*: a compiled entry takes them as arguments, so a function
+closing over a new matrix of the same shape reuses the compiled program, and
+``rebuild(key, operands)`` makes the function again around traced operands.
+
+* A Python function: its code, defaults, closure cells and the globals its code reads; a
+  function it reads is described in turn, from whichever module, unless it is library code
+  (:mod:`deqjax._src.library_code`: the standard library, an installed package, deqjax), whose
+  code and module globals are taken as they are (its defaults and closure cells are data,
+  described: ``hk.transform`` closes over the user's function). A global array is an operand
+  (rebinding it is seen).
+* A ``functools.partial``, a bound method: their function, arguments and object.
+* A pytree (a tuple, a dict, an Equinox module, a ``jax.tree_util.Partial``): its structure (the
+  user's classes among its nodes described as classes are, below), its array leaves as operands
+  and its other leaves described.
+* A value of a library's class that compares by value (a number, a string, a solver object): by
+  value.
+* An object, a class or a module: by its contents (:mod:`deqjax._src.object_contents`), a Haiku
+  module by its class, ``module_name`` and attributes (``dq.nn.DEQ`` cells are made again on
+  every ``apply`` of a model).
+
+What cannot be described by contents (an unhashable value that is not a pytree, arrays inside a
+plain object, a function that reaches itself, an object graph of more than
+:data:`~deqjax._src.key_descriptions.BUDGET` values) makes the function unkeyable:
+:func:`split_callable` returns an :class:`Unkeyed` naming the value, and its caller runs the
+function un-jitted. Used by :mod:`deqjax._src.compiled`.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
-import sys
 import types
-from collections.abc import Hashable, Iterator, Sequence
+import weakref
+from collections.abc import Hashable, Sequence
 from typing import Any, Callable
 
 import jax
-import numpy as np
 
-_ARRAYS = (jax.Array, np.ndarray)
-_SCALARS = frozenset({bool, int, float, complex, str, bytes, type(None)})
-_BUDGET = 512  # descriptions per function: a closure over a large object graph is not keyed
-
-
-class _Unkeyable(Exception):
-    """Part of a function cannot enter a key (unhashable, cyclic, or too large)."""
-
-
-class _Walk:
-    """One description: the operands found so far, the budget left, the functions on the path."""
-
-    def __init__(self) -> None:
-        self.operands: list[Any] = []
-        self.left = _BUDGET
-        self.visiting: set[int] = set()
-
-    def tick(self) -> None:
-        self.left -= 1
-        if self.left < 0:
-            raise _Unkeyable("too large")
-
-
-class _Operand:
-    """An array: an argument of the compiled program."""
-
-    n = 1
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Operand
-
-    def __hash__(self) -> int:
-        return 1
-
-    def build(self, ops: Iterator[Any]) -> Any:
-        return next(ops)
-
-
-_OPERAND = _Operand()
+from deqjax._src import library_code, object_contents
+from deqjax._src.key_descriptions import (
+    ARRAYS,
+    EMPTY_CELL,
+    OPERAND,
+    SCALARS,
+    Function,
+    Identity,
+    Method,
+    Partial,
+    Tree,
+    Unkeyable,
+    Value,
+    Walk,
+    bare,
+    count,
+)
 
 
 @dataclasses.dataclass(frozen=True)
-class _Value:
-    """A value that compares by value (its type too: ``1`` and ``1.0`` are different keys)."""
+class Unkeyed:
+    """Why a function cannot be keyed: the value (``what``: its path from the function, e.g.
+    ``f -> holder.w``), the reason, and the value's own place (``site``: the last step of the
+    path and the reason; the same value reached from another function has the same site)."""
 
-    kind: type
-    value: Any
-    n = 0
+    what: str
+    why: str
+    last: str = ""  # the path's last step
 
-    def build(self, ops: Iterator[Any]) -> Any:
-        return set(self.value) if self.kind is set else self.value
-
-
-class _Identity:
-    """An object that compares by identity (a module, a class, a plain object without arrays)."""
-
-    __slots__ = ("obj",)
-    n = 0
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Identity and other.obj is self.obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
-
-    def build(self, ops: Iterator[Any]) -> Any:
-        return self.obj
+    @property
+    def site(self) -> tuple[str, str]:
+        return self.last, self.why
 
 
-_EMPTY_CELL = _Value(type(None), "<empty cell>")
+# id(code) -> (a weak reference to it, its global names, its spelled names); by identity: a code
+# object's hash hashes its constants (the nested functions' code too) on every call.
+_code_names: dict[int, tuple[weakref.ref, tuple[str, ...], frozenset[str]]] = {}
 
 
-def _built(described: tuple, ops: Iterator[Any]) -> list[Any]:
-    return [d.build(ops) for d in described]
-
-
-def _count(*groups: tuple) -> int:
-    return sum(d.n for group in groups for d in group)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Function:
-    """A Python function: code, global namespace (by identity), defaults, closure cells and the
-    globals its code reads."""
-
-    code: types.CodeType
-    namespace: _Identity
-    defaults: tuple | None
-    kwdefaults: tuple  # ((name, description), ...)
-    cells: tuple
-    reads: tuple  # ((global name, description), ...)
-    n: int
-    proto: Callable = dataclasses.field(compare=False, repr=False)
-
-    def build(self, ops: Iterator[Any]) -> Callable:
-        proto = self.proto
-        if not self.n:
-            return proto
-        defaults = None if self.defaults is None else tuple(_built(self.defaults, ops))
-        kwdefaults = {k: d.build(ops) for k, d in self.kwdefaults} or None
-        cells = tuple(
-            types.CellType() if d is _EMPTY_CELL else types.CellType(d.build(ops))
-            for d in self.cells
-        )
-        namespace = proto.__globals__
-        changed = {name: d.build(ops) for name, d in self.reads if d.n}
-        if changed:  # the global arrays it reads, as operands
-            namespace = {**namespace, **changed}
-        fn = types.FunctionType(proto.__code__, namespace, proto.__name__, defaults, cells)
-        fn.__kwdefaults__ = kwdefaults
-        fn.__qualname__ = proto.__qualname__
-        fn.__dict__.update(proto.__dict__)
-        return fn
-
-
-@dataclasses.dataclass(frozen=True)
-class _Partial:
-    """A ``functools.partial``."""
-
-    func: Any
-    args: tuple
-    keywords: tuple  # ((name, description), ...)
-    n: int
-    proto: functools.partial = dataclasses.field(compare=False, repr=False)
-
-    def build(self, ops: Iterator[Any]) -> Callable:
-        if not self.n:
-            return self.proto
-        func, args = self.func.build(ops), _built(self.args, ops)
-        return functools.partial(func, *args, **{k: d.build(ops) for k, d in self.keywords})
-
-
-@dataclasses.dataclass(frozen=True)
-class _Method:
-    """A bound method: its function and its object."""
-
-    func: Any
-    obj: Any
-    n: int
-    proto: types.MethodType = dataclasses.field(compare=False, repr=False)
-
-    def build(self, ops: Iterator[Any]) -> Callable:
-        if not self.n:
-            return self.proto
-        return types.MethodType(self.func.build(ops), self.obj.build(ops))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Tree:
-    """A pytree node (a tuple, a dict, an Equinox module, ...): its structure and its leaves."""
-
-    treedef: Any
-    leaves: tuple
-    n: int
-    proto: Any = dataclasses.field(compare=False, repr=False)
-
-    def build(self, ops: Iterator[Any]) -> Any:
-        if not self.n:
-            return self.proto
-        return jax.tree_util.tree_unflatten(self.treedef, _built(self.leaves, ops))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Module:
-    """A Haiku module instance, by its class, its full name and the attributes its class sets (a
-    new instance per ``apply`` of the same model is the same key)."""
-
-    kind: type
-    name: str  # ``module_name``: the scope of its parameters' names
-    items: tuple  # ((attribute, description), ...)
-    n: int
-    proto: Any = dataclasses.field(compare=False, repr=False)
-
-    def build(self, ops: Iterator[Any]) -> Any:
-        if not self.n:
-            return self.proto
-        obj = copy.copy(self.proto)
-        for name, d in self.items:
-            object.__setattr__(obj, name, d.build(ops))
-        return obj
-
-
-@functools.lru_cache(maxsize=1024)
-def _global_names(code: types.CodeType) -> tuple[str, ...]:
-    """The names ``code`` (and the functions defined in it) may read as globals."""
-    names = set(code.co_names)
+def _names(code: types.CodeType) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The names ``code`` (and the functions defined in it) may read as globals (its
+    ``co_names``), and the attribute names it spells: its ``co_names`` and its string constants
+    that are identifiers (``getattr(x, "name")``)."""
+    entry = _code_names.get(id(code))
+    if entry is not None and entry[0]() is code:
+        return entry[1], entry[2]
+    read, spelled = set(code.co_names), set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names.update(_global_names(const))
-    return tuple(sorted(names))
+            inner_read, inner_spelled = _names(const)
+            read.update(inner_read)
+            spelled.update(inner_spelled)
+        elif isinstance(const, str) and const.isidentifier():
+            spelled.add(const)
+    if len(_code_names) > 4096:
+        _code_names.clear()
+    entry = _code_names[id(code)] = (weakref.ref(code), tuple(sorted(read)), frozenset(spelled))
+    return entry[1], entry[2]
 
 
-def _describe_function(fn: types.FunctionType, walk: _Walk) -> _Function:
+def _describe_function(fn: types.FunctionType, walk: Walk) -> Function:
+    """A function (see the module docstring): a library's globals are taken as they are."""
     if id(fn) in walk.visiting:  # a function reaching itself through its closure or globals
-        raise _Unkeyable("recursive")
+        raise Unkeyable("a function that reaches itself (recursive)")
     walk.visiting.add(id(fn))
+    code, namespace = fn.__code__, fn.__globals__
     try:
         defaults = fn.__defaults__
         if defaults is not None:
-            defaults = tuple(_describe(v, walk) for v in defaults)
+            first = code.co_argcount - len(defaults)
+            names = code.co_varnames[first : code.co_argcount]
+            defaults = tuple(walk.labelled(k, v) for k, v in zip(names, defaults))
         kwdefaults = tuple(
-            (k, _describe(v, walk)) for k, v in sorted((fn.__kwdefaults__ or {}).items())
+            (k, walk.labelled(k, v)) for k, v in sorted((fn.__kwdefaults__ or {}).items())
         )
-        cells = tuple(_describe_cell(cell, walk) for cell in fn.__closure__ or ())
-        namespace = fn.__globals__
-        reads = tuple(
-            (name, _describe_global(namespace[name], namespace, walk))
-            for name in _global_names(fn.__code__)
-            if name in namespace
+        cells = tuple(
+            _describe_cell(name, cell, walk)
+            for name, cell in zip(code.co_freevars, fn.__closure__ or ())
         )
+        reads = []
+        if not library_code.is_library_module(namespace.get("__name__")):
+            read, spelled = _names(code)
+            walk.names.update(spelled)
+            for name in read:
+                if name not in namespace:
+                    continue
+                value = namespace[name]
+                if type(value) is types.ModuleType and library_code.is_library_module(
+                    value.__name__
+                ):  # ``jnp``: the common global, taken as it is without a walk
+                    reads.append((name, Identity(value)))
+                    continue
+                try:
+                    reads.append((name, _describe(value, walk)))
+                except Unkeyable as e:
+                    e.path.append(name)
+                    raise
     finally:
         walk.visiting.discard(id(fn))
-    n = _count(defaults or (), tuple(d for _, d in kwdefaults), cells, tuple(d for _, d in reads))
-    return _Function(
-        fn.__code__, _Identity(namespace), defaults, kwdefaults, cells, reads, n, _bare(fn, n)
-    )
+    reads = tuple(reads)
+    n = count(defaults or (), tuple(d for _, d in kwdefaults), cells, tuple(d for _, d in reads))
+    return Function(code, Identity(namespace), defaults, kwdefaults, cells, reads, n, bare(fn, n))
 
 
-def _bare(fn: types.FunctionType, n: int) -> types.FunctionType:
-    """``fn`` itself when it reaches no array, else a copy without its closure and defaults:
-    what a description keeps (a cached program must not keep the first call's arrays alive)."""
-    if not n:
-        return fn
-    cells = tuple(types.CellType() for _ in fn.__closure__ or ())
-    bare = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, None, cells)
-    bare.__qualname__ = fn.__qualname__
-    bare.__dict__.update(fn.__dict__)
-    return bare
-
-
-def _describe_cell(cell: types.CellType, walk: _Walk) -> Any:
+def _describe_cell(name: str, cell: types.CellType, walk: Walk) -> Any:
     try:
         value = cell.cell_contents
     except ValueError:  # a cell not yet filled (a name assigned after the function is defined)
-        return _EMPTY_CELL
-    return _describe(value, walk)
+        return EMPTY_CELL
+    return walk.labelled(name, value)
 
 
-def _describe_global(value: Any, namespace: dict, walk: _Walk) -> Any:
-    """A global the code reads: arrays are operands (rebinding a global array is seen), a
-    function of the same module is described (it may read global arrays too), anything else
-    that cannot be described is taken by identity, as ``jax.jit`` takes globals."""
-    if isinstance(value, _ARRAYS):
-        walk.operands.append(value)
-        return _OPERAND
-    if isinstance(value, (types.ModuleType, type)) or (
-        isinstance(value, types.FunctionType) and value.__globals__ is not namespace
-    ):
-        return _Identity(value)
-    mark = len(walk.operands)
-    try:
-        return _describe(value, walk)
-    except _Unkeyable:
-        if walk.left < 0:
-            raise
-        del walk.operands[mark:]
-        return _Identity(value)
+def _describe_partial(value: functools.partial, walk: Walk) -> Partial:
+    func = walk.labelled(".func", value.func)
+    args = tuple(walk.labelled(f".args[{i}]", a) for i, a in enumerate(value.args))
+    kw = tuple((k, walk.labelled(k, v)) for k, v in sorted(value.keywords.items()))
+    n = count((func,), args, tuple(d for _, d in kw))
+    return Partial(func, args, kw, n, proto=None if n else value)
 
 
-def _haiku() -> types.ModuleType | None:
-    """Haiku if it is loaded (it is not imported here: the core loads only JAX; no object can be
-    a Haiku module before Haiku is loaded)."""
-    return sys.modules.get("haiku")
-
-
-@functools.lru_cache(maxsize=4)
-def haiku_own_attributes(hk: types.ModuleType) -> frozenset[str]:
-    """The attributes ``hk.Module`` itself sets on every module: its names and Haiku's
-    bookkeeping (e.g. a record of the ``transform`` call that made it, new on every ``apply``).
-
-    Found once with public API, whatever Haiku calls them: a bare ``hk.Module`` made inside an
-    ``hk.transform``. A module is keyed by its ``module_name`` and the other attributes.
-
-    Args:
-      hk: the ``haiku`` module.
-
-    Returns:
-      The attribute names of a bare Haiku module.
-    """
-
-    def bare() -> frozenset[str]:
-        return frozenset(vars(hk.Module(name="deqjax_probe")))
-
-    return hk.transform(bare).apply({}, None)
-
-
-def _describe_object(obj: Any, walk: _Walk) -> Any:
-    """A leaf that is neither an array nor a function: by value when its class compares by
-    value, else by identity; a plain object holding arrays cannot be keyed (its arrays may be
-    replaced between calls)."""
-    kind = type(obj)
-    if isinstance(obj, (types.ModuleType, type)):
-        return _Identity(obj)
-    hk = _haiku()
-    if hk is not None and isinstance(obj, hk.Module):
-        own = haiku_own_attributes(hk)
-        items = tuple((k, _describe(v, walk)) for k, v in sorted(vars(obj).items()) if k not in own)
-        n = _count(tuple(d for _, d in items))
-        if n:  # keep no array alive: the arrays are rebuilt from the operands
-            obj = copy.copy(obj)
-            for k, d in items:
-                if d.n:
-                    object.__setattr__(obj, k, None)
-        return _Module(kind, obj.module_name, items, n, proto=obj)
-    if isinstance(obj, (set, frozenset)):
-        obj = frozenset(obj)
-    elif kind.__eq__ is object.__eq__ and kind.__hash__ is not None:
-        attributes = getattr(obj, "__dict__", None) or {}
-        if any(isinstance(v, _ARRAYS) for v in attributes.values()):
-            raise _Unkeyable("an object holding arrays")
-        return _Identity(obj)
-    try:
-        hash(obj)
-    except TypeError:
-        raise _Unkeyable("unhashable") from None
-    return _Value(kind, obj)
-
-
-def _describe(value: Any, walk: _Walk) -> Any:
-    """The description of ``value`` (see the section's comment); its arrays go to
+def _describe(value: Any, walk: Walk) -> Any:
+    """The description of ``value`` (see the module docstring); its arrays go to
     ``walk.operands``."""
     walk.tick()
-    if isinstance(value, _ARRAYS):
+    if isinstance(value, ARRAYS):
         walk.operands.append(value)
-        return _OPERAND
+        return OPERAND
     kind = type(value)
-    if kind in _SCALARS:
-        return _Value(kind, value)
+    if kind in SCALARS:
+        return Value(kind, value)
     if kind is types.FunctionType:
         return _describe_function(value, walk)
     if kind is functools.partial:
-        func, args = _describe(value.func, walk), tuple(_describe(a, walk) for a in value.args)
-        kw = tuple((k, _describe(v, walk)) for k, v in sorted(value.keywords.items()))
-        n = _count((func,), args, tuple(d for _, d in kw))
-        return _Partial(func, args, kw, n, proto=None if n else value)
+        return _describe_partial(value, walk)
     if kind is types.MethodType:
-        func, obj = _describe(value.__func__, walk), _describe(value.__self__, walk)
+        func = walk.labelled(".__func__", value.__func__)
+        obj = walk.labelled(".__self__", value.__self__)
         n = func.n + obj.n
-        return _Method(func, obj, n, proto=None if n else value)
+        return Method(func, obj, n, proto=None if n else value)
+    if isinstance(value, (types.ModuleType, type)):
+        return object_contents.describe_namespace(value, walk)
     leaves, treedef = jax.tree_util.tree_flatten(value)
     if treedef.num_nodes == 1 and treedef.num_leaves == 1:  # a leaf
-        return _describe_object(value, walk)
+        return object_contents.describe_object(value, walk)
     try:
-        hash(treedef)
+        kinds = _users_node_types(treedef)
     except TypeError:
-        raise _Unkeyable("unhashable pytree node data") from None
-    described = tuple(_describe(leaf, walk) for leaf in leaves)
-    n = _count(described)
-    return _Tree(treedef, described, n, proto=None if n else value)
+        raise Unkeyable("unhashable pytree node data") from None
+    classes = tuple(walk.labelled(f"<{k.__qualname__}>", k) for k in kinds)
+    described = tuple(walk.labelled(f"[{i}]", leaf) for i, leaf in enumerate(leaves))
+    n = count(described)
+    return Tree(treedef, classes, described, n, proto=None if n else value)
 
 
-def split_callable(f: Callable[..., Any]) -> tuple[Hashable, list[Any]] | None:
+@functools.lru_cache(maxsize=1024)
+def _users_node_types(treedef: Any) -> tuple[type, ...]:
+    """The user's classes among a pytree's nodes (an Equinox module's class, a NamedTuple): the
+    structure names them by identity, their methods' code is described like a class's."""
+    kinds: list[type] = []
+    pending = [treedef]
+    while pending:
+        node = pending.pop()
+        data = node.node_data()
+        if data is None:  # a leaf
+            continue
+        kind = data[0]
+        if kind not in kinds and not library_code.is_library_module(kind.__module__):
+            kinds.append(kind)
+        pending.extend(node.children())
+    return tuple(kinds)
+
+
+def path_of(f: Any, labels: Sequence[str] = ()) -> str:
+    """``f``'s name and the path from it to a value (``labels``: innermost first)."""
+    name = getattr(f, "__qualname__", None) or type(f).__qualname__
+    path = ""
+    for label in reversed(labels):
+        path += label if label[0] in ".[" else f" -> {label}"
+    return f"{name}{path}"
+
+
+def split_callable(f: Callable[..., Any]) -> tuple[Hashable, list[Any]] | Unkeyed:
     """``f`` as ``(key, operands)``: what decides the program it traces to, and its arrays.
 
-    * a Python function: its code, defaults, closure cells and the globals its code reads (a
-      global array is an operand, so rebinding it is seen; a function of the same module is
-      described in turn); a function it defines inside (``lambda``) has the same code on every
-      call, so a fresh lambda over new arrays of the same shapes is the same key;
-    * a ``functools.partial``, a bound method: their function, arguments and object;
-    * a pytree (a tuple, an Equinox module, a ``jax.tree_util.Partial``): its structure, its
-      array leaves as operands and its other leaves described;
-    * a Haiku module instance: its class, ``module_name`` and the attributes its class sets (not
-      Haiku's own bookkeeping, see :func:`haiku_own_attributes`): ``dq.nn.DEQ`` cells are
-      rebuilt on every ``apply`` of a model;
-    * any other value: by value if its class compares by value, else by identity (a plain
-      object holding arrays is not keyed).
+    See the module docstring for what the key holds: ``f``'s code and the values it can read,
+    described by contents (a value changed since an earlier call gives another key); the arrays
+    among them are the operands.
 
     Args:
-      f: the user's callable.
+      f: the user's callable (or any value).
 
     Returns:
       ``(key, operands)`` with ``key`` hashable (equal keys trace to the same program for
-      operands of the same shapes and dtypes), or ``None`` when ``f`` cannot be keyed.
+      operands of the same shapes and dtypes), or an :class:`Unkeyed` naming the value that
+      cannot be described by contents.
 
     Example:
       >>> key, ops = split_callable(lambda z: jnp.tanh(W @ z))  # ops == [W]
       >>> rebuild(key, ops)(z)                                   # the same function
     """
-    walk = _Walk()
+    walk = Walk(_describe)
     try:
         key = _describe(f, walk)
+        if walk.namespaces:
+            object_contents.settle(walk)
         hash(key)
-    except (_Unkeyable, TypeError, RecursionError):
-        return None
+    except Unkeyable as e:
+        return Unkeyed(path_of(f, e.path), e.reason, e.path[0] if e.path else "")
+    except (TypeError, RecursionError) as e:
+        return Unkeyed(path_of(f), f"{type(e).__name__}: {e}")
     return key, walk.operands
 
 
