@@ -7,11 +7,24 @@ are anyway, and on a GPU it keeps the float32 tolerances of the suite meaningful
 default, TF32-class products, carries ~1e-3 relative error per product). Tests of the
 precision setting itself run at the user's default (the ``users_default_precision`` fixture) or
 set the ambient precision they need (tests/test_precision.py, tests/solvers/test_verify.py).
+
+The experiment runner's compilation cache (``~/.cache/deqjax/jax`` for a user) is a temporary
+folder for the session (``DEQJAX_COMPILATION_CACHE_DIR``, made by the first process of a
+session, inherited by pytest-xdist's workers and by every subprocess a test starts, deleted at
+the end): the suite writes nothing into the home folder's cache and reads nothing from it.
 """
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
+
+_MADE_CACHE = None
+if "PYTEST_XDIST_WORKER" not in os.environ or "DEQJAX_COMPILATION_CACHE_DIR" not in os.environ:
+    # (a pytest-xdist worker uses its controller's folder)
+    _MADE_CACHE = tempfile.mkdtemp(prefix="deqjax-tests-jax-cache-")
+    os.environ["DEQJAX_COMPILATION_CACHE_DIR"] = _MADE_CACHE
 
 import jax  # noqa: E402
 
@@ -22,6 +35,12 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 
 import pytest  # noqa: E402
+
+
+def pytest_unconfigure(config):
+    """Deletes the session's compilation cache in the process that made it."""
+    if _MADE_CACHE is not None:
+        shutil.rmtree(_MADE_CACHE, ignore_errors=True)
 
 
 @pytest.fixture

@@ -102,3 +102,50 @@ def test_config_json_round_trips_every_setting_and_solver_object(tmp_path):
     assert config["solver"] == harness.to_python(anderson)
     fields = {k: v for k, v in config["solver"].items() if k != "type"}
     assert solvers.Anderson(**fields) == anderson  # the object rebuilt from config.json
+
+
+def _start_of(out: str) -> list[str]:
+    """The lines a run printed first, up to the one naming the full configuration."""
+    lines = out.splitlines()
+    ends = [i for i, line in enumerate(lines) if line.startswith("full configuration: ")]
+    assert ends, f"the run began with {len(lines[0])} characters: {lines[0][:100]}..."
+    return lines[: ends[0] + 1]
+
+
+def test_a_run_starts_with_a_few_short_lines_and_the_configuration_stays_in_its_file(
+    tmp_path, capsys
+):
+    """Not the whole configuration on one line (about 2,000 characters for the main job)."""
+    out = tmp_path / "run"
+    harness.run(TOY, ["--out_dir", str(out), "--steps", "6", "--quiet"])
+    start = _start_of(capsys.readouterr().out)
+    assert len(start) <= 4 and all(len(line) <= 120 for line in start), start
+    assert start[0] == f"toy: run folder {out}"
+    assert start[1] == "settings changed from the defaults: steps=6, progress=False"
+    assert start[-1] == f"full configuration: {out / 'config.json'}"
+    assert json.loads((out / "config.json").read_text())["solver"]["type"] == "Anderson"
+    harness.run(TOY, ["--out_dir", str(out), "--resume", "--force", "--steps", "8"])
+    start = _start_of(capsys.readouterr().out)
+    assert start[0] == f"toy (--resume): run folder {out}"
+    assert start[1] == "settings changed from the defaults: steps=8, force=True"
+    sweep = tmp_path / "sweep"
+    harness.run(TOY, ["--out_dir", str(sweep), "--sweep", "--smoke"])
+    start = _start_of(capsys.readouterr().out)
+    assert start[0] == f"toy (--sweep, --smoke): run folder {sweep}"
+    assert start[1] == "settings changed from the defaults: none"
+    assert start[-1] == f"full configuration: {sweep / 'sweep_config.json'}"
+
+
+def test_the_main_jobs_first_lines_are_short(tmp_path, capsys):
+    from experiments import fashion_mnist
+
+    exp = dataclasses.replace(fashion_mnist.EXPERIMENT, run=lambda config, inputs, ctx: {})
+    out = tmp_path / "run"
+    flags = ["--smoke", "--epochs", "3", "--no_jr", "--sweep_scales", "0.5,1,2,4,8,16,32,64"]
+    harness.run(exp, ["--out_dir", str(out), "--compilation_cache", "", *flags])
+    start = _start_of(capsys.readouterr().out)
+    assert all(len(line) <= 120 for line in start), start
+    assert start[0] == f"fashion_mnist (--smoke): run folder {out}"
+    assert "epochs=3" in start[1] and "jr=False" in start[1] and "sweep_scales=0.5,1" in start[1]
+    assert start[-1] == f"full configuration: {out / 'config.json'}"
+    assert len(json.dumps(json.loads((out / "config.json").read_text()))) > 1000

@@ -25,12 +25,14 @@ class RunConfig:
     seed: int = 0  # seed of init, data and order
     out_dir: str = "runs/run"  # output folder
     smoke: Switch = False  # tiny run for tests (minutes on a CPU; --smoke --help: its defaults)
-    progress: Annotated[Switch, tyro.conf.arg(aliases=("--quiet",))] = True  # no progress bar
+    progress: Annotated[Switch, tyro.conf.arg(aliases=("--quiet",))] = True
+    """hide the progress bar (default: the bar is shown)"""
     overwrite: Switch = False
     """start afresh in an --out_dir holding an earlier run, deleting that run's files"""
     compilation_cache: str = COMPILATION_CACHE
     """folder where JAX keeps the programs that took over a second to compile, for later runs to
-    load ('': off; a JAX_COMPILATION_CACHE_DIR set in the environment is used instead)"""
+    load ('': off; DEQJAX_COMPILATION_CACHE_DIR, if set, replaces the default; a
+    JAX_COMPILATION_CACHE_DIR set in the environment is used instead of either)"""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,8 @@ experiment:
   derived values the experiment's ``setup`` returns, solver objects written field by field
   (:func:`~deqjax.harness.to_python`); the folder is guarded by
   :func:`~deqjax.harness.prepare_run_dir` (no silent overwrite, no resume under other flags);
+  the run starts by printing a few short lines: the experiment and its folder, the settings
+  given that differ from the defaults, and where the full configuration is;
 * ``results.json`` (``<mode>.json``): what ``run`` returns, written atomically;
 * JAX's persistent compilation cache for the run (``--compilation_cache``,
   :mod:`~deqjax._src.harness.compilation_cache`): a later run loads the programs it compiled;
@@ -26,8 +28,9 @@ Example (the whole of a small experiment file besides its configuration and task
 
 from __future__ import annotations
 
-import json
+import os
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import Any, NoReturn
@@ -45,6 +48,7 @@ from deqjax._src.training.fit import NonFiniteError
 from deqjax._src.training.metrics import to_python
 
 EXIT_USAGE, EXIT_FAILED, EXIT_SIGTERM = 2, 3, 143
+LINE, VALUE = 120, 40  # the start of a run: line width, the characters of a value shown
 
 
 class UsageError(ValueError):
@@ -122,7 +126,7 @@ def _run(exp: Experiment, config: Any) -> dict:
     inputs, flat = _start(exp, config)
     ctx = _context(exp, config, flat, mode)
     if ctx.is_main:
-        print("config:", json.dumps(to_python(flat), sort_keys=True))
+        print("\n".join(_start_lines(exp, config, mode, ctx.resume)))
     try:
         results: Mapping[str, Any] = dict(exp.run(config, inputs, ctx))
     except (RestoreError, FileExistsError, UsageError) as e:
@@ -133,6 +137,38 @@ def _run(exp: Experiment, config: Any) -> dict:
     if results.get("interrupted"):
         _interrupted(ctx, results)
     return dict(results)
+
+
+def _start_lines(exp: Experiment, config: Any, mode: str | None, resume: bool) -> list[str]:
+    """What a run prints first, each line at most :data:`LINE` characters where its names
+    allow: the experiment and its folder, the settings that differ from the defaults in effect
+    (values cut at :data:`VALUE` characters), where the full configuration is."""
+    run = run_section(config)
+    flags = [mode, "smoke" if run.smoke else None, "resume" if resume else None]
+    labels = ", ".join(f"--{flag}" for flag in flags if flag)
+    defaults = flat_dict(exp.defaults(smoke=run.smoke, mode=mode))
+    given = [
+        f"{name}={_short(value)}"
+        for name, value in flat_dict(config).items()
+        if name not in {"out_dir", *flags} and value != defaults.get(name)
+    ]
+    changed = "settings changed from the defaults: " + (", ".join(given) or "none")
+    config_name = f"{mode}_config.json" if mode else "config.json"
+    return [
+        f"{exp.name}{f' ({labels})' if labels else ''}: run folder {run.out_dir}",
+        *textwrap.wrap(changed, LINE, subsequent_indent="  ", break_on_hyphens=False),
+        f"full configuration: {os.path.join(run.out_dir, config_name)}",
+    ]
+
+
+def _short(value: Any) -> str:
+    """A setting's value as the start of a run shows it (at most :data:`VALUE` characters)."""
+    value = to_python(value)
+    if isinstance(value, (list, tuple)):
+        text = ",".join(map(str, value))
+    else:
+        text = str(value) if value != "" else "''"
+    return text if len(text) <= VALUE else text[: VALUE - 3] + "..."
 
 
 def _interrupted(ctx: RunContext, results: Mapping[str, Any]) -> NoReturn:
