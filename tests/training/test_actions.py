@@ -73,8 +73,11 @@ def test_evaluate_at_each_epoch_end_and_at_the_end_unless_stopped_early_or_asked
     always = training.Evaluate(_eval_fn, _arrays(), every_steps=100, even_if_stopped=True)
     stopped = _loop([_StopAt(7), always], num_steps=12)
     assert _eval_steps(stopped) == [7] and stopped.stopped  # the run as it stands, stopped
-    only_end = training.Evaluate(_eval_fn, _arrays(), at_steps=(2,), at_end=False)
-    assert _eval_steps(_loop([only_end], num_steps=6)) == [2]
+    only_at = training.Evaluate(_eval_fn, _arrays(), at_steps=(2,), at_end=False)
+    assert _eval_steps(_loop([only_at], num_steps=6)) == [2]
+    only_end = training.Evaluate(_eval_fn, _arrays(), each_epoch=False, even_if_stopped=True)
+    assert _eval_steps(_loop([only_end], num_steps=12)) == [12]
+    assert _eval_steps(_loop([_StopAt(3), only_end], num_steps=12)) == [3]  # short_runs' rule
 
 
 class _Endless:
@@ -104,6 +107,8 @@ def test_evaluate_of_an_endless_stream_needs_a_schedule():
     every_2 = training.Evaluate(_eval_fn, _arrays(), every_steps=2)
     result = _loop([every_2], num_steps=3, batches=endless)
     assert _eval_steps(result) == [2, 3]
+    at_end = training.Evaluate(_eval_fn, _arrays(), each_epoch=False)
+    assert _eval_steps(_loop([at_end], num_steps=3, batches=_Endless())) == [3]
     with pytest.raises(ValueError, match="eval_fn"):
         training.Evaluate("not a function", _arrays())
     with pytest.raises(ValueError, match="every_steps"):

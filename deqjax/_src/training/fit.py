@@ -3,10 +3,9 @@ is given (models: Flax's ``train_and_evaluate``, ``clu.periodic_actions``).
 
 It validates what it owns, places the state, restores or claims the checkpoint folder by the
 :class:`~deqjax.training.RunPolicy`, opens the metric writers, runs the loop (the caller's
-actions, then the checkpoints' saves: :class:`~deqjax.training.SaveCheckpoints`), waits for the
-pending save and closes everything, also after an error. The train step, the state, the data,
-the parallelism and the actions are built by the caller (:func:`~deqjax.training.train_step`,
-:func:`~deqjax.training.data_parallel`, :func:`~deqjax.training.default_actions`).
+actions, then :class:`~deqjax.training.SaveCheckpoints`) and closes the checkpoints (waiting for
+the pending save) and the writers, also after an error. The caller builds the rest
+(:func:`~deqjax.training.train_step`, :func:`~deqjax.training.default_actions`, ...).
 """
 
 from __future__ import annotations
@@ -76,10 +75,11 @@ def fit(
       parallel: how the steps run over the devices (:func:`~deqjax.training.data_parallel`).
       actions: the periodic actions, run in this order (e.g. ``default_actions(...)``).
       checkpoints: where the run's checkpoints go (saved by their policies, at the end and on
-        a stop), and what ``policy.resume`` restores; None: no checkpoints.
+        a stop; closed on return), what ``policy.resume`` restores; None: no checkpoints.
       policy: resume the checkpoints and writers, or start afresh (``overwrite``: over an
         earlier run's).
-      writers: where each record goes (e.g. :class:`~deqjax.training.JsonlWriter`).
+      writers: where each record goes (e.g. :class:`~deqjax.training.JsonlWriter`; closed on
+        return).
       say: the printer of process 0 (None: silent).
       run_dir: the run folder for actions' files (a profiler trace); None: none.
       desc: the run's label in messages and the progress bar.

@@ -29,8 +29,9 @@ class Evaluate(Action):
     ``{"split": "eval", "step", "epoch", name: mean, "count"}``, each also said as ``"[desc]
     step s eval: ..."``: every ``every_steps`` steps (or ``every_seconds``, or ``at_steps``), or
     with none of these at each end of an epoch of the training data (every
-    ``ctx.data.steps_per_epoch`` steps); and at the end of the run (``at_end``) unless it stopped
-    early (``even_if_stopped``: then too) or its last step was just evaluated.
+    ``ctx.data.steps_per_epoch`` steps; ``each_epoch=False``: never); and at the end of the run
+    (``at_end``) unless it stopped early (``even_if_stopped``: then too) or its last step was just
+    evaluated.
 
     Its program compiles in the background from :meth:`start` on, while the train step compiles
     (:mod:`~deqjax._src.training.warm_up`); :meth:`close` waits for that compilation to end.
@@ -44,6 +45,8 @@ class Evaluate(Action):
       batch_size: the global eval batch (default the training data's ``batch_size``), a
         multiple of the number of devices.
       every_steps, every_seconds, at_steps: its schedule (none: at each epoch end).
+      each_epoch: without ``every_steps``, ``every_seconds`` and ``at_steps``, evaluate at each
+        epoch end (False: only at the end).
       at_end: evaluate after the last step.
       even_if_stopped: evaluate at the end also when the run stopped early (e.g. diverged).
       resident: keep the evaluation batches on the devices from one evaluation to the next.
@@ -63,6 +66,7 @@ class Evaluate(Action):
         every_steps: int | None = None,
         every_seconds: float | None = None,
         at_steps: tuple[int, ...] = (),
+        each_epoch: bool = True,
         at_end: bool = True,
         even_if_stopped: bool = False,
         resident: bool = False,
@@ -77,13 +81,14 @@ class Evaluate(Action):
         self._asked = self.schedule  # start adds the epoch ends when no period is given
         self._fn, self._data = eval_fn, eval_data
         self._batch_size = checks.check_int(batch_size, "batch_size", allow_none=True)
-        self._even_if_stopped, self._resident = bool(even_if_stopped), bool(resident)
+        self._each_epoch, self._even_if_stopped = bool(each_epoch), bool(even_if_stopped)
+        self._resident = bool(resident)
         self._compiled = lambda: None  # waits for the warm-up's compilation
         self._step, self._for, self._placed = None, None, None  # per DataParallel
 
     def start(self, ctx: LoopContext) -> None:
         self.schedule = self._asked
-        if not self._asked.periodic:
+        if not self._asked.periodic and self._each_epoch:
             if ctx.data is None or ctx.data.steps_per_epoch is None:
                 raise ValueError(
                     "Evaluate needs every_steps, every_seconds or at_steps: the training data "
