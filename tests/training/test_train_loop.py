@@ -4,6 +4,7 @@ misuse refused, and the loop built by hand from fit's parts giving fit's history
 from __future__ import annotations
 
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -243,7 +244,8 @@ def test_the_loop_built_by_hand_from_fits_parts_gives_fits_history(tmp_path):
     assert _untimed(hand_file) == _untimed(training.read_jsonl(tmp_path / "fit" / "metrics.jsonl"))
     host = parallel.get(result.state, kinds)
     assert tree_digest(host) == tree_digest(fitted.state)
-    assert checkpoints.all_steps() == [4, 8, 10]
+    saved = os.listdir(tmp_path / "hand" / "ckpt")
+    assert sorted(int(name) for name in saved if name.isdigit()) == [4, 8, 10]
     checkpoints.close()
 
 

@@ -165,10 +165,6 @@ class Checkpoints:
         steps = self._ckpt.all_steps()
         return self._ckpt.path(steps[-1]) if steps else "none"
 
-    def all_steps(self) -> list[int]:
-        """The steps of the checkpoints on disk, ascending."""
-        return self._ckpt.all_steps()
-
     def close(self) -> None:
         """Waits for the pending save, then releases the checkpoint manager."""
         self.wait()
