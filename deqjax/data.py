@@ -7,7 +7,7 @@
 """
 
 from deqjax._src.data.augment import random_crop_flip
-from deqjax._src.data.batching import BatchIterator, IteratorState, ShuffledBatches
+from deqjax._src.data.batching import Batches, IteratorState, ShuffledBatches
 from deqjax._src.data.classification import load_classification
 from deqjax._src.data.copy_memory import (
     CopyMemoryBatches,
@@ -24,7 +24,7 @@ from deqjax._src.data.text import LMCorpus
 from deqjax._src.data.tokenizer import SentencePieceTokenizer, encode_corpus, train_sentencepiece
 
 __all__ = [
-    "BatchIterator",
+    "Batches",
     "CopyMemoryBatches",
     "DataFormatError",
     "DataNotFoundError",

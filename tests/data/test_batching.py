@@ -1,4 +1,5 @@
-"""Shuffled, resumable, per-process batches and padded evaluation batches."""
+"""Shuffled, resumable, per-process batches, the Batches protocol, and padded evaluation
+batches."""
 
 import numpy as np
 import pytest
@@ -44,8 +45,7 @@ def test_next_position_and_order_name_the_batch_next_yields():
     arrays = _ids(50)
     it = data.ShuffledBatches(arrays, batch_size=8, seed=1, process_index=1, process_count=2)
     skipper = data.ShuffledBatches(arrays, batch_size=8, seed=1, process_index=1, process_count=2)
-    assert not it.device_resident and it.arrays.keys() == {"id", "x"}
-    assert data.ShuffledBatches(arrays, batch_size=8, seed=1, device_resident=True).device_resident
+    assert it.arrays.keys() == {"id", "x"}
     for _ in range(14):  # crosses two epoch boundaries (6 steps per epoch)
         epoch, index = skipper.next_position()  # where the batch is, not where the next one is
         assert skipper.state == (epoch, index + 1)
@@ -87,3 +87,27 @@ def test_eval_batches_pad_and_mask():
             seen.extend(batch["id"][mask > 0].tolist())
     assert counts == [3, 3]
     assert sorted(seen) == list(range(23))
+
+
+def test_the_library_iterators_declare_what_the_loop_reads():
+    """Batches sizes, epochs, a position: each iterator declares them (an endless stream's
+    ``steps_per_epoch`` is None); an iterator without them is not a Batches."""
+    shuffled = data.ShuffledBatches(
+        _ids(50), batch_size=8, seed=1, process_index=1, process_count=2
+    )
+    lm = data.LMBatches(np.arange(400), num_streams=4, segment_length=8)
+    copy = data.CopyMemoryBatches(seed=0, batch_size=4, seq_len=5)
+    for it, sizes, epoch in ((shuffled, (8, 4), 6), (lm, (4, 4), 12), (copy, (4, 4), None)):
+        assert isinstance(it, data.Batches)
+        assert (it.batch_size, it.local_batch_size) == sizes and it.steps_per_epoch == epoch
+
+    class Unsized:
+        state = {}
+
+        def restore(self, state):
+            pass
+
+        def __next__(self):
+            return {}
+
+    assert not isinstance(Unsized(), data.Batches)

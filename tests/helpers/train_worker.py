@@ -140,7 +140,11 @@ COUNTING_BATCH = 4
 
 
 class CountingBatches:
-    """An endless, non-epoch BatchIterator: batch ``i`` is ``{"x": i + arange(B) / B}``."""
+    """An endless stream of batches (a ``Batches`` without epochs): batch ``i`` is
+    ``{"x": i + arange(B) / B}``."""
+
+    batch_size = local_batch_size = COUNTING_BATCH
+    steps_per_epoch = None
 
     def __init__(self):
         self.i = 0
@@ -169,29 +173,79 @@ def _flat(tree) -> list[float]:
     return np.concatenate([np.ravel(p) for p in jax.tree_util.tree_leaves(tree)]).tolist()
 
 
+def toy_fit(
+    data_: data.Batches,
+    num_steps: int,
+    *,
+    loss=loss_fn,
+    optimizer=None,
+    actions=(),
+    workdir=None,
+    checkpoint_every=None,
+    keep=3,
+    resume=False,
+    overwrite=False,
+    parallel="sharded",
+    say=None,
+    skip=True,
+    params=None,
+    reg_state=(),
+    carry=None,
+    rng=7,
+    **step_kwargs,
+) -> training.FitResult:
+    """``training.fit`` of ``loss`` (default the toy MLP's; else on ``params``, default
+    ``{"w": zeros(3)}``) with checkpoints and a metrics file in ``workdir`` (None: neither); its
+    optimizer (default SGD) skips non-finite updates unless ``skip`` is False."""
+    if params is None:
+        mlp = loss in (loss_fn, noiseless_loss)
+        params = init_params() if mlp else {"w": jnp.zeros(3, jnp.float32)}
+    optimizer = optimizer or optax.sgd(0.1)
+    optimizer = training.skip_nonfinite(optimizer) if skip else optimizer
+    pair = training.train_step(loss, optimizer, with_carry=carry is not None, **step_kwargs)
+    carry = () if carry is None else carry
+    state = pair.init(params, jax.random.PRNGKey(rng), reg_state=reg_state, carry=carry)
+    checkpoints, writers = None, []
+    if workdir is not None:
+        checkpoints = training.Checkpoints(
+            os.path.join(workdir, "ckpt"), every_steps=checkpoint_every, keep=keep
+        )
+        writers = [training.JsonlWriter(os.path.join(workdir, "metrics.jsonl"))]
+    if isinstance(parallel, str):
+        parallel = training.data_parallel(parallel)
+    return training.fit(
+        pair,
+        state,
+        data_,
+        num_steps=num_steps,
+        parallel=parallel,
+        actions=actions,
+        checkpoints=checkpoints,
+        policy=training.RunPolicy(resume, overwrite),
+        writers=writers,
+        say=say,
+    )
+
+
 def _fit(workdir: str, args, *, resume: bool, kill_at_step=None, delay_s: float = 0.0):
     train = data.load_digits(split="train")
     it = InterruptibleBatches(
         train, batch_size=args.batch_size, seed=3, kill_at_step=kill_at_step, delay_s=delay_s
     )
     opt, schedule = make_optimizer(args.num_steps)
-    return training.fit(
-        params=init_params(),
-        loss_fn=loss_fn,
+    return toy_fit(
+        it,
+        args.num_steps,
         optimizer=opt,
-        train_data=it,
-        num_steps=args.num_steps,
-        rng=jax.random.PRNGKey(7),
+        actions=training.default_actions(log_every=1, progress=False),
+        workdir=workdir,
+        checkpoint_every=args.checkpoint_every,
+        keep=2,
+        resume=resume,
+        say=print,
         reg_state=init_reg_state(),
         update_reg_state=count_steps,
         learning_rate_fn=schedule,
-        log_every=1,
-        checkpoint_dir=os.path.join(workdir, "ckpt"),
-        checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=2,
-        resume=resume,
-        metrics_path=os.path.join(workdir, "metrics.jsonl"),
-        progress=False,
     )
 
 
@@ -258,38 +312,32 @@ def run_dist(args, out: dict) -> None:
     it = data.ShuffledBatches(train, batch_size=args.batch_size, seed=3)
     out["local_batch_size"] = it.local_batch_size
     opt, schedule = make_optimizer(args.num_steps)
-    same = {
-        "loss_fn": noiseless_loss,
-        "optimizer": opt,
-        "num_steps": args.num_steps,
-        "rng": jax.random.PRNGKey(7),
-        "per_device_rng": False,
-        "eval_fn": eval_fn,
-        "eval_data": data.load_digits(split="test"),
-        "log_every": 1,
-        "progress": False,
-        "print_fn": None,
-        "parallel": args.parallel,
-    }
-    result = training.fit(
-        params=init_params(),
-        train_data=it,
-        checkpoint_dir=os.path.join(args.workdir, "ckpt"),
-        metrics_path=os.path.join(args.workdir, "metrics.jsonl"),
-        **same,
-    )
+    parallel = training.data_parallel(args.parallel)
+    test = data.load_digits(split="test")
+
+    def fit(batches, workdir=None):
+        actions = [training.LogMetrics(every_steps=1), training.Evaluate(eval_fn, test)]
+        if workdir is None:  # the resident run: the test set on the devices too
+            actions[1] = training.Evaluate(eval_fn, test, resident=True)
+        return toy_fit(
+            batches,
+            args.num_steps,
+            loss=noiseless_loss,
+            optimizer=opt,
+            actions=actions,
+            workdir=workdir,
+            parallel=parallel,
+            per_device_rng=False,
+        )
+
+    result = fit(it, args.workdir)
     out["losses"] = [r["loss"] for r in result.history if r["split"] == "train"]
     out["eval"] = [r for r in result.history if r["split"] == "eval"]
     out["params"] = _flat(result.state.params)
     out["digest"] = tree_digest(result.state.params)
     # The same run with the training and test sets on the devices (each process's copy).
-    resident = training.fit(
-        params=init_params(),
-        train_data=data.ShuffledBatches(
-            train, batch_size=args.batch_size, seed=3, device_resident=True
-        ),
-        **same,
-    )
+    host = data.ShuffledBatches(train, batch_size=args.batch_size, seed=3)
+    resident = fit(training.ResidentBatches(host, parallel))
     out["resident_losses"] = [r["loss"] for r in resident.history if r["split"] == "train"]
     out["resident_eval"] = [r for r in resident.history if r["split"] == "eval"]
     out["resident_digest"] = tree_digest(resident.state.params)

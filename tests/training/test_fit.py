@@ -1,5 +1,6 @@
-"""The fit loop end to end: learning, evaluation and diagnostics on digits; any BatchIterator
-with a carried state; kill and resume bit for bit; non-finite updates; an earlier run's files.
+"""The fit loop end to end: learning, evaluation and diagnostics on digits; any Batches with a
+carried state; kill and resume bit for bit; a finished run resumed; non-finite updates; an
+earlier run's files; what fit refuses.
 
 Checks that need their own JAX process (a fake device count, runs killed and resumed) run
 ``tests/helpers/train_worker.py`` in a subprocess.
@@ -24,7 +25,14 @@ from deqjax._src.training.checkpoint import all_finite, tree_digest
 from deqjax._src.training.train_state import create_train_state
 from experiments import plot_metrics
 from tests.helpers import train_worker as toy
-from tests.helpers.train_worker import WORKER, CountingBatches, carry_loss, run_worker, worker_env
+from tests.helpers.train_worker import (
+    WORKER,
+    CountingBatches,
+    carry_loss,
+    run_worker,
+    toy_fit,
+    worker_env,
+)
 
 
 @pytest.mark.slow
@@ -39,25 +47,20 @@ def test_fit_learns_digits(tmp_path):
             diag_calls.append(1)  # traced once
             return {"w_norm_max": optax.tree.norm(params)}
 
-        result = training.fit(
-            params=toy.init_params(),
-            loss_fn=toy.loss_fn,
+        result = toy_fit(
+            data.ShuffledBatches(train, batch_size=64, seed=0),
+            60,
             optimizer=opt,
-            train_data=data.ShuffledBatches(train, batch_size=64, seed=0),
-            num_steps=60,
-            rng=jax.random.PRNGKey(0),
+            actions=[
+                training.LogMetrics(every_steps=10),
+                training.GuardNonFinite(every_steps=10),
+                training.RunDiagnostics(diagnostics, every_steps=20),
+                training.Evaluate(toy.eval_fn, data.load_digits(split="test"), batch_size=128),
+            ],
+            workdir=tmp_path,
             reg_state=toy.init_reg_state(),
             update_reg_state=toy.count_steps,
             learning_rate_fn=schedule,
-            eval_fn=toy.eval_fn,
-            eval_data=data.load_digits(split="test"),
-            eval_batch_size=128,
-            diagnostics_fn=diagnostics,
-            diagnostics_every=20,
-            log_every=10,
-            metrics_path=tmp_path / "metrics.jsonl",
-            progress=False,
-            print_fn=None,
         )
     records = training.read_jsonl(tmp_path / "metrics.jsonl")
     assert records == result.history
@@ -83,31 +86,28 @@ def test_fit_learns_digits(tmp_path):
     assert names == ["loss", "accuracy"]
 
 
-# --- any BatchIterator, a carried state --------------------------------------------------------
+# --- any Batches, a carried state ---------------------------------------------------------------
 
 
 def _carry_fit(tmp_path, num_steps, *, resume=False, checkpoint_every=None, name="run"):
-    return training.fit(
+    return toy_fit(
+        CountingBatches(),
+        num_steps,
+        loss=carry_loss,
         params={"w": jnp.zeros((2,), jnp.float32)},
-        loss_fn=carry_loss,
-        optimizer=optax.sgd(0.1),
-        train_data=CountingBatches(),
-        num_steps=num_steps,
-        rng=jax.random.PRNGKey(0),
         carry=jnp.zeros((), jnp.float32),
-        log_every=1,
-        checkpoint_dir=tmp_path / name / "ckpt",
+        skip=False,
+        actions=[training.LogMetrics(every_steps=1)],
+        workdir=tmp_path / name,
         checkpoint_every=checkpoint_every,
         resume=resume,
-        progress=False,
-        print_fn=None,
     )
 
 
-def test_any_batch_iterator_with_a_carry_trains_and_resumes_exactly(tmp_path):
-    assert isinstance(CountingBatches(), data.BatchIterator)
+def test_any_batches_with_a_carry_trains_and_resumes_exactly(tmp_path):
+    assert isinstance(CountingBatches(), data.Batches)
     shuffled = data.ShuffledBatches({"x": np.zeros(8)}, batch_size=2, seed=0)
-    assert isinstance(shuffled, data.BatchIterator)
+    assert isinstance(shuffled, data.Batches)
     full = _carry_fit(tmp_path, 6, name="full")
     # the carry follows the data: c_{k+1} = c_k / 2 + mean(batch k), one copy per device
     c = 0.0
@@ -124,21 +124,46 @@ def test_any_batch_iterator_with_a_carry_trains_and_resumes_exactly(tmp_path):
     assert tree_digest(resumed.state) == tree_digest(full.state)
 
 
-def test_fit_rejects_a_non_iterator_and_mixed_step_arguments(tmp_path):
-    kwargs = dict(params={"w": jnp.zeros(2)}, num_steps=2, rng=jax.random.PRNGKey(0))
-    with pytest.raises(ValueError, match="BatchIterator"):
-        training.fit(loss_fn=carry_loss, optimizer=optax.sgd(0.1), train_data=[1, 2], **kwargs)
+def test_fit_refuses_arguments_of_the_wrong_kind_before_touching_any_file(tmp_path):
     pair = training.train_step(carry_loss, optax.sgd(0.1), with_carry=True)
-    with pytest.raises(ValueError, match="either loss_fn and optimizer, or train_step"):
-        training.fit(loss_fn=carry_loss, train_step=pair, train_data=CountingBatches(), **kwargs)
-    with pytest.raises(ValueError, match="eval_every"):
-        training.fit(
-            train_step=pair,
-            train_data=CountingBatches(),
-            eval_fn=lambda p, b: {},
-            eval_data={"x": np.zeros(4)},
-            **kwargs,
-        )
+    state = pair.init({"w": jnp.zeros(2)}, jax.random.PRNGKey(0), carry=jnp.zeros(()))
+    parallel = training.data_parallel("sharded")
+
+    def fit(**kwargs):
+        args = dict(num_steps=2, parallel=parallel)
+        data_ = kwargs.pop("data", CountingBatches())
+        return training.fit(kwargs.pop("pair", pair), state, data_, **(args | kwargs))
+
+    class NoSizes:  # an iterator that does not declare what the loop reads
+        state = {}
+
+        def restore(self, state):
+            pass
+
+        def __next__(self):
+            return {"x": np.zeros(4)}
+
+    with pytest.raises(ValueError, match="data must be a Batches"):
+        fit(data=NoSizes())
+    with pytest.raises(ValueError, match="train_step must be a TrainStep"):
+        fit(pair=carry_loss)
+    with pytest.raises(ValueError, match="parallel must be a DataParallel"):
+        fit(parallel="sharded")
+    with pytest.raises(ValueError, match="num_steps"):
+        fit(num_steps=2.5)
+    with pytest.raises(ValueError, match=r"actions\[0\]"):
+        fit(actions=[print])
+    with pytest.raises(ValueError, match="contradict"):
+        fit(policy=training.RunPolicy(resume=True, overwrite=True))
+    with pytest.raises(ValueError, match="needs checkpoints"):
+        fit(policy=training.RunPolicy(resume=True))
+    checkpoints = training.Checkpoints(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=r"actions\[0\]"):  # refused before any file is claimed
+        fit(actions=[print], checkpoints=checkpoints)
+    checkpoints.close()
+    assert os.listdir(tmp_path / "ckpt") == []
+    with pytest.raises(ValueError, match="Evaluate needs every_steps"):  # an endless stream
+        fit(actions=[training.Evaluate(lambda p, b: {}, {"x": np.zeros(4)})])
 
 
 _TWO_DEVICES = r"""
@@ -146,17 +171,15 @@ import json, os, sys, tempfile
 import jax, jax.numpy as jnp, numpy as np, optax
 from deqjax import training
 from deqjax._src.training.checkpoint import tree_digest
-from tests.helpers.train_worker import CountingBatches, carry_loss
+from tests.helpers.train_worker import CountingBatches, carry_loss, toy_fit
 
 d = tempfile.mkdtemp()
 def fit(n, **kw):
-    return training.fit(params={"w": jnp.zeros((2,), jnp.float32)}, loss_fn=carry_loss,
-                        optimizer=optax.sgd(0.1), train_data=CountingBatches(), num_steps=n,
-                        rng=jax.random.PRNGKey(0), carry=jnp.zeros((), jnp.float32),
-                        progress=False, print_fn=None, **kw)
+    return toy_fit(CountingBatches(), n, loss=carry_loss, params={"w": jnp.zeros(2, jnp.float32)},
+                   carry=jnp.zeros((), jnp.float32), skip=False, **kw)
 full = fit(6)
-fit(4, checkpoint_dir=os.path.join(d, "ck"), checkpoint_every=2)
-resumed = fit(6, checkpoint_dir=os.path.join(d, "ck"), resume=True)
+fit(4, workdir=os.path.join(d, "ck"), checkpoint_every=2)
+resumed = fit(6, workdir=os.path.join(d, "ck"), resume=True)
 same = tree_digest(resumed.state) == tree_digest(full.state)
 print(json.dumps({"n": jax.device_count(), "carry": np.asarray(full.state.carry).tolist(),
                   "same": same}))
@@ -229,22 +252,20 @@ def test_sigterm_and_sigkill_then_resume_reproduce_the_run(tmp_path):
 # --- non-finite updates, existing runs, append-only metrics --------------------------------------
 
 
-def _toy_fit(tmp_path, loss_fn, *, optimizer=None, num_steps=8, **kwargs):
+def _toy_fit(tmp_path, loss_fn, *, max_nonfinite_steps=10, num_steps=8, skip=True, **kwargs):
     with jax.numpy_dtype_promotion("standard"):
-        return training.fit(
-            params={"w": jnp.zeros(3, jnp.float32)},
-            loss_fn=loss_fn,
-            optimizer=optimizer or optax.sgd(0.1),
-            train_data=data.ShuffledBatches(data.load_digits(split="train"), batch_size=8, seed=0),
-            num_steps=num_steps,
-            rng=jax.random.PRNGKey(0),
-            log_every=1,
-            checkpoint_dir=tmp_path / "ckpt",
+        return toy_fit(
+            data.ShuffledBatches(data.load_digits(split="train"), batch_size=8, seed=0),
+            num_steps,
+            loss=loss_fn,
+            actions=[
+                training.LogMetrics(every_steps=1),
+                training.GuardNonFinite(max_nonfinite_steps, every_steps=1),
+            ],
+            workdir=tmp_path,
             checkpoint_every=1,
-            keep_checkpoints=2,
-            metrics_path=tmp_path / "metrics.jsonl",
-            progress=False,
-            print_fn=None,
+            keep=2,
+            skip=skip,
             **kwargs,
         )
 
@@ -323,3 +344,82 @@ def test_fresh_fit_refuses_an_earlier_runs_files_and_resume_needs_a_checkpoint(t
     ckpt = training.Checkpointer(tmp_path / "ckpt")
     assert ckpt.all_steps() == [1, 2]
     ckpt.close()
+
+
+def test_an_all_nan_run_stops_without_skip_nonfinite(tmp_path):
+    """The guard reads the loss itself when the optimizer does not count skipped updates."""
+    with pytest.raises(training.NonFiniteError, match="non-finite for the last 3 steps"):
+        _toy_fit(tmp_path, _nan_at(list(range(100))), max_nonfinite_steps=3, skip=False)
+    ckpt = training.Checkpointer(tmp_path / "ckpt")
+    assert ckpt.all_steps() == [1, 2]  # the streak reached 3 at step 3: stopped before saving
+    ckpt.close()
+
+
+# --- a finished run resumed ----------------------------------------------------------------------
+
+
+def test_a_finished_run_resumed_does_nothing_and_compiles_nothing(tmp_path, monkeypatch):
+    from deqjax._src.training import warm_up
+
+    def run(**kwargs):
+        test = data.load_digits(split="test")
+        actions = [
+            training.LogMetrics(every_steps=1),
+            training.RunDiagnostics(lambda p, b, k, r: {"n": optax.tree.norm(p)}, every_steps=1),
+            training.Evaluate(toy.eval_fn, test, every_steps=1),
+        ]
+        batches = data.ShuffledBatches(data.load_digits(split="train"), batch_size=64, seed=0)
+        with jax.numpy_dtype_promotion("standard"):  # Haiku's initializers mix dtypes
+            return toy_fit(batches, 2, actions=actions, workdir=tmp_path, **kwargs)
+
+    first = run()
+    jobs = []
+    real = warm_up.compile_in_background
+    monkeypatch.setattr(warm_up, "compile_in_background", lambda js: jobs.extend(js) or real(js))
+    lines = []
+    again = run(resume=True, say=lines.append)
+    assert jobs == [] and again.history == [] and again.restored_step == 2
+    assert lines[-1] == "[train] step 2 of 2: nothing left to do"
+    assert tree_digest(again.state) == tree_digest(first.state)
+    records = training.read_jsonl(tmp_path / "metrics.jsonl", raw=True)
+    assert [r["step"] for r in records] == [1, 1, 1, 2, 2, 2]  # nothing written again
+
+
+_RESUME_FINISHED = r"""
+import sys
+import jax.numpy as jnp
+from deqjax import data, training
+from tests.helpers import train_worker as toy
+
+def slow_to_compile(params, batch, key, reg_state):  # a long program: compiles for seconds
+    x = jnp.asarray(batch["image"], jnp.float32).reshape(batch["image"].shape[0], -1)
+    for i in range(400):
+        x = jnp.tanh(x * 1.01 + jnp.sin(x) * (i % 7))
+    return {"n": jnp.mean(x)}
+
+actions = [training.RunDiagnostics(slow_to_compile, every_steps=1),
+           training.Evaluate(toy.eval_fn, data.load_digits(split="test"), every_steps=1)]
+batches = data.ShuffledBatches(data.load_digits(split="train"), batch_size=64, seed=0)
+result = toy.toy_fit(batches, 2, actions=actions, workdir=sys.argv[1], resume=sys.argv[2] == "1")
+print("steps", len(result.history))
+"""
+
+
+@pytest.mark.slow  # two fresh JAX processes (~30 s)
+def test_a_finished_run_resumed_in_a_process_of_its_own_exits_cleanly(tmp_path):
+    """A scheduler relaunching a finished job: the process exits 0 (it used to abort, exit 134,
+    while background compilations were still inside XLA at the interpreter's exit)."""
+    runs = []
+    for resume in ("0", "1"):
+        runs.append(
+            subprocess.run(
+                [sys.executable, "-c", _RESUME_FINISHED, str(tmp_path), resume],
+                cwd=toy.REPO_ROOT,
+                env=worker_env(),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        )
+        assert runs[-1].returncode == 0, runs[-1].stderr[-3000:]
+    assert runs[0].stdout.split()[-1] == "4" and runs[1].stdout.split()[-1] == "0"

@@ -1,7 +1,7 @@
 """fit over 4 devices (fake CPU devices, in a subprocess): ``parallel="sharded"`` (jit + shard_map)
 and ``parallel="pmap"`` log the losses, evaluations and diagnostics of one device; a sharded run
 stopped and resumed is bit-identical to the uninterrupted one; so is each mode's run with its data
-on the devices (``device_resident``); each device's carry is the same in both modes."""
+on the devices (``ResidentBatches``); each device's carry is the same in both modes."""
 
 import json
 import subprocess
@@ -25,17 +25,21 @@ work = tempfile.mkdtemp()
 def diagnostics(params, batch, key, reg_state):
     return {"w_norm": optax.tree.norm(params), "image_total": jnp.sum(batch["image"])}
 
-def fit(parallel, num_steps=8, devices=None, device_resident=False, **kwargs):
+def fit(parallel, num_steps=8, devices=None, device_resident=False, workdir=None, resume=False):
     opt, schedule = toy.make_optimizer(total_steps=8)
-    batches = data.ShuffledBatches(train, batch_size=64, seed=3, device_resident=device_resident)
-    result = training.fit(
-        params=toy.init_params(), loss_fn=toy.noiseless_loss, optimizer=opt,
-        learning_rate_fn=schedule, train_data=batches,
-        num_steps=num_steps, rng=jax.random.PRNGKey(7), per_device_rng=False,
-        reg_state=toy.init_reg_state(), update_reg_state=toy.count_steps,
-        eval_fn=toy.eval_fn, eval_data=test, eval_every=4, diagnostics_fn=diagnostics,
-        diagnostics_every=4, log_every=1, parallel=parallel, devices=devices, progress=False,
-        print_fn=None, **kwargs)
+    parallel = training.data_parallel(parallel, devices)
+    batches = data.ShuffledBatches(train, batch_size=64, seed=3)
+    if device_resident:
+        batches = training.ResidentBatches(batches, parallel)
+    actions = [
+        training.LogMetrics(every_steps=1),
+        training.RunDiagnostics(diagnostics, every_steps=4),
+        training.Evaluate(toy.eval_fn, test, every_steps=4, resident=device_resident),
+    ]
+    result = toy.toy_fit(
+        batches, num_steps, loss=toy.noiseless_loss, optimizer=opt, learning_rate_fn=schedule,
+        per_device_rng=False, reg_state=toy.init_reg_state(), update_reg_state=toy.count_steps,
+        actions=actions, parallel=parallel, workdir=workdir, checkpoint_every=5, resume=resume)
     return {
         "losses": [r["loss"] for r in result.history if r["split"] == "train"],
         "loss_max": [r["loss_max"] for r in result.history if r["split"] == "train"],
@@ -49,23 +53,22 @@ out = {"n": jax.device_count()}
 out["one"] = fit("sharded", devices=jax.devices()[:1])
 out["sharded"] = fit("sharded")
 out["pmap"] = fit("pmap")
-ckpt, metrics = os.path.join(work, "ckpt"), os.path.join(work, "metrics.jsonl")
-fit("sharded", num_steps=5, checkpoint_dir=ckpt, checkpoint_every=5, metrics_path=metrics)
-resumed = fit("sharded", checkpoint_dir=ckpt, resume=True, metrics_path=metrics)
+fit("sharded", num_steps=5, workdir=work)
+resumed = fit("sharded", workdir=work, resume=True)
 out["resumed_digest"] = resumed["digest"]
+metrics = os.path.join(work, "metrics.jsonl")
 out["resumed_losses"] = [r["loss"] for r in training.read_jsonl(metrics) if r["split"] == "train"]
 # The training and test sets on the devices: the same runs, and a resident run resumed.
 out["resident"] = {mode: fit(mode, device_resident=True) for mode in ("sharded", "pmap")}
-ckpt = os.path.join(work, "ckpt_resident")
-fit("pmap", num_steps=5, checkpoint_dir=ckpt, checkpoint_every=5, device_resident=True)
-out["resident_resumed"] = fit("pmap", checkpoint_dir=ckpt, resume=True, device_resident=True)
+resident_dir = os.path.join(work, "resident")
+fit("pmap", num_steps=5, workdir=resident_dir, device_resident=True)
+out["resident_resumed"] = fit("pmap", workdir=resident_dir, resume=True, device_resident=True)
 
 def carry_fit(parallel):
-    result = training.fit(
-        params={"w": jnp.zeros((2,), jnp.float32)}, loss_fn=toy.carry_loss,
-        optimizer=optax.sgd(0.1), train_data=toy.CountingBatches(), num_steps=5,
-        rng=jax.random.PRNGKey(0), carry=jnp.zeros((), jnp.float32), log_every=1,
-        parallel=parallel, progress=False, print_fn=None)
+    result = toy.toy_fit(
+        toy.CountingBatches(), 5, loss=toy.carry_loss, params={"w": jnp.zeros((2,), jnp.float32)},
+        carry=jnp.zeros((), jnp.float32), skip=False, parallel=parallel,
+        actions=[training.LogMetrics(every_steps=1)])
     return np.asarray(result.state.carry).tolist(), tree_digest(result.state)
 
 out["carry"] = {mode: carry_fit(mode) for mode in ("sharded", "pmap")}

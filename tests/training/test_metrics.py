@@ -11,19 +11,29 @@ from deqjax import training
 from deqjax._src.training.metrics import format_value, to_python
 
 
-def test_metrics_writer_is_append_only_across_resumes(tmp_path):
+def _written(path, records, *, restored_step=None, overwrite=False):
+    writer = training.JsonlWriter(path)
+    writer.open(restored_step, overwrite)
+    try:
+        for record in records:
+            writer.write(record)
+    finally:
+        writer.close()
+
+
+def test_jsonl_writer_is_append_only_across_resumes(tmp_path):
     path = tmp_path / "run" / "metrics.jsonl"
-    with training.MetricsWriter(path) as w:
-        for step in range(1, 6):
-            w.write({"step": step, "loss": np.float32(1.0 / step), "bad": float("nan")})
+    writer = training.JsonlWriter(path)
+    assert isinstance(writer, training.MetricWriter)
+    steps = range(1, 6)
+    _written(path, [{"step": s, "loss": np.float32(1.0 / s), "bad": float("nan")} for s in steps])
     with open(path, "a") as f:
         f.write('{"step": 6, "lo')  # a line torn by a kill
     records = training.read_jsonl(path)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     assert np.isnan(records[0]["bad"]) and records[1]["loss"] == pytest.approx(0.5)
     before = path.read_bytes()
-    with training.MetricsWriter(path, keep_until_step=3) as w:  # resumed from step 3
-        w.write({"step": 4, "loss": 9.0})
+    _written(path, [{"step": 4, "loss": 9.0}], restored_step=3)  # resumed from step 3
     assert path.read_bytes().startswith(before)  # nothing rewritten
     assert [(r["step"], r["loss"]) for r in training.read_jsonl(path)][2:] == [
         (3, float(np.float32(1 / 3))),
@@ -31,10 +41,15 @@ def test_metrics_writer_is_append_only_across_resumes(tmp_path):
     ]
     assert [r["step"] for r in training.read_jsonl(path, raw=True)] == [1, 2, 3, 4, 5, 3, 4]
     with pytest.raises(FileExistsError, match="earlier run"):
-        training.MetricsWriter(path)  # a fresh run never silently deletes another's metrics
-    with training.MetricsWriter(path, overwrite=True):
-        pass
+        _written(path, [])  # a fresh run never silently deletes another's metrics
+    _written(path, [], overwrite=True)
     assert training.read_jsonl(path) == []
+    off = tmp_path / "off.jsonl"
+    disabled = training.JsonlWriter(off, enabled=False)
+    disabled.open(None, False)
+    disabled.write({"step": 1})
+    disabled.close()
+    assert not off.exists()  # another process than 0 writes nothing
 
 
 def test_format_value_prints_nonfinite_and_strings():

@@ -13,11 +13,7 @@ import pytest
 from deqjax import data, training
 from deqjax._src.training import resident_batches
 from deqjax._src.training.actions import evaluate as evaluate_action
-from deqjax._src.training.resident_batches import (
-    ResidentBatches,
-    fits_on_devices,
-    placed_batches,
-)
+from deqjax._src.training.resident_batches import ResidentBatches, fits_on_devices
 
 
 def _arrays(n=103):
@@ -78,18 +74,33 @@ def test_a_shard_of_another_process_is_refused():
         ResidentBatches(shard, parallel)
 
 
-def test_placed_batches_choose_the_resident_path_where_asked_and_the_data_fit(monkeypatch):
+def test_resident_batches_are_batches_whose_position_is_the_host_iterators():
+    parallel = training.data_parallel("sharded")
+    host = data.ShuffledBatches(_arrays(), batch_size=8, seed=3)
+    resident = ResidentBatches(host, parallel)
+    assert isinstance(resident, data.Batches) and resident.placed
+    assert (resident.batch_size, resident.local_batch_size) == (8, 8)
+    assert resident.steps_per_epoch == host.steps_per_epoch == 12
+    next(resident)
+    assert resident.state == host.state == data.IteratorState(0, 1)
+    resident.restore({"epoch": 3, "index": 4})
+    assert host.state == data.IteratorState(3, 4)
+    _assert_same(
+        parallel,
+        next(resident),
+        next(data.ShuffledBatches(_arrays(), batch_size=8, seed=3, state=data.IteratorState(3, 4))),
+    )
+
+
+def test_resident_if_fits_chooses_the_resident_path_where_the_data_fit(monkeypatch):
     parallel = training.data_parallel("sharded")
     said = []
-    asked = data.ShuffledBatches(_arrays(), batch_size=8, seed=3, device_resident=True)
-    assert isinstance(placed_batches(asked, parallel, said.append), ResidentBatches)
+    host = data.ShuffledBatches(_arrays(), batch_size=8, seed=3)
+    assert isinstance(training.resident_if_fits(host, parallel, said.append), ResidentBatches)
     assert "placed once" in said[-1]
-    not_asked = data.ShuffledBatches(_arrays(), batch_size=8, seed=3)
-    assert not isinstance(placed_batches(not_asked, parallel), ResidentBatches)
     monkeypatch.setattr(resident_batches, "fits_on_devices", lambda *args: False)
-    fallback = placed_batches(asked, parallel, said.append)
-    assert not isinstance(fallback, ResidentBatches) and "does not fit" in said[-1]
-    _assert_same(parallel, next(fallback), next(not_asked))
+    fallback = training.resident_if_fits(host, parallel, said.append)
+    assert fallback is host and "does not fit" in said[-1]
 
 
 def test_fits_on_devices_reads_the_free_memory():
@@ -118,20 +129,20 @@ def _fit(train_data, *, num_steps, eval_every=None):
     def eval_fn(params, batch):
         return {"sq_err": (batch["x"] @ params["w"] - batch["y"]) ** 2}
 
+    pair = training.train_step(loss_fn, training.skip_nonfinite(optax.sgd(0.05)))
+    parallel = training.data_parallel("sharded")
+    resident = isinstance(train_data, ResidentBatches)
+    evaluate = training.Evaluate(
+        eval_fn, test, batch_size=16, every_steps=eval_every, resident=resident
+    )
     return training.fit(
-        params={"w": jnp.zeros((5,), jnp.float32)},
-        loss_fn=loss_fn,
-        optimizer=optax.sgd(0.05),
-        train_data=train_data,
+        pair,
+        pair.init({"w": jnp.zeros((5,), jnp.float32)}, jax.random.PRNGKey(0)),
+        train_data,
         num_steps=num_steps,
-        rng=jax.random.PRNGKey(0),
-        eval_fn=eval_fn,
-        eval_data=test,
-        eval_batch_size=16,
-        eval_every=eval_every,
-        log_every=1,
-        progress=False,
-        print_fn=None,
+        parallel=parallel,
+        actions=[training.LogMetrics(every_steps=1), evaluate],
+        say=None,
     )
 
 
@@ -150,7 +161,9 @@ def test_fit_with_resident_data_gives_the_host_runs_history_and_places_the_eval_
 
     def run(resident):
         calls.clear()
-        batches = data.ShuffledBatches(_arrays(), batch_size=16, seed=2, device_resident=resident)
+        batches = data.ShuffledBatches(_arrays(), batch_size=16, seed=2)
+        if resident:
+            batches = ResidentBatches(batches, training.data_parallel("sharded"))
         result = _fit(batches, num_steps=15)  # 6 steps per epoch: evaluations at 6, 12 and 15
         return result, len(calls)
 
@@ -164,7 +177,8 @@ def test_fit_with_resident_data_gives_the_host_runs_history_and_places_the_eval_
 
 def test_nothing_compiles_again_at_an_epoch_boundary_or_an_evaluation(compiles):
     def run(num_steps):
-        batches = data.ShuffledBatches(_arrays(), batch_size=16, seed=2, device_resident=True)
+        batches = data.ShuffledBatches(_arrays(), batch_size=16, seed=2)
+        batches = ResidentBatches(batches, training.data_parallel("sharded"))
         _fit(batches, num_steps=num_steps, eval_every=2)
 
     run(2)  # the small programs every run shares (placing arrays, zeros) compile once

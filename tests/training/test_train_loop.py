@@ -1,9 +1,10 @@
 """The training loop and its periodic actions: the hooks' order, stopping, the lazy metric fetch,
-and the loop built by hand from fit's parts giving fit's history."""
+misuse refused, and the loop built by hand from fit's parts giving fit's history."""
 
 from __future__ import annotations
 
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -38,23 +39,26 @@ def _diagnostics_fn(params, batch, key, reg_state):
 class _Trace(training.Action):
     """Records every hook call; asks to stop after step ``stop_at``."""
 
-    def __init__(self, calls, stop_at=None):
+    def __init__(self, calls, stop_at=None, **schedule):
+        super().__init__(**schedule)
         self.calls, self.stop_at, self.step = calls, stop_at, None
 
-    def start(self, step, state):
-        self.calls.append(("start", step))
+    def start(self, ctx):
+        self.calls.append(("start", ctx.start_step, ctx.num_steps))
 
-    def __call__(self, step, state, metrics, batch):
-        self.calls.append(("call", step))
+    def run(self, step, state, metrics, batch):
+        self.calls.append(("run", step))
         self.step = step
         return {"split": "trace", "step": step, "value": np.float32(step) / 2}
 
     def stop_requested(self):
-        return self.step == self.stop_at
+        return self.stop_at is not None and self.step == self.stop_at
 
     def end(self, step, state, stopped):
         self.calls.append(("end", step, stopped))
-        return None
+
+    def close(self):
+        self.calls.append(("close",))
 
 
 def _plain_step():
@@ -63,35 +67,91 @@ def _plain_step():
     return jax.jit(pair.update), state
 
 
-def test_loop_calls_hooks_in_order_keeps_records_and_stops_when_asked():
+def _batches():
+    return data.ShuffledBatches(_arrays(), batch_size=16, seed=0)
+
+
+def test_loop_runs_hooks_in_order_by_their_schedules_and_stops_when_asked():
     step_fn, state = _plain_step()
-    batches = data.ShuffledBatches(_arrays(), batch_size=16, seed=0)
-    calls, plain, written = [], [], []
-
-    def plain_action(step, state, metrics, batch):  # any callable is an action
-        plain.append(step)
-
+    calls, sparse, written = [], [], []
     result = training.train_loop(
         step_fn,
         state,
-        batches,
+        _batches(),
         num_steps=10,
         start_step=2,
-        actions=[_Trace(calls, stop_at=5), plain_action],
+        actions=[
+            _Trace(calls, stop_at=5, every_steps=1, at_end=True),
+            _Trace(sparse, every_steps=2),  # no end: not at_end
+        ],
         on_record=written.append,
     )
-    assert calls == [("start", 2), ("call", 3), ("call", 4), ("call", 5), ("end", 5, True)]
-    assert plain == [3, 4, 5]
+    assert calls == [
+        ("start", 2, 10),
+        ("run", 3),
+        ("run", 4),
+        ("run", 5),
+        ("end", 5, True),
+        ("close",),
+    ]
+    assert sparse == [("start", 2, 10), ("run", 4), ("close",)]
     assert result.step == 5 and result.stopped
     assert result.history == written
-    assert [r["step"] for r in result.history] == [3, 4, 5]
+    assert [r["step"] for r in result.history] == [3, 4, 4, 5]
     assert type(result.history[0]["value"]) is float  # records hold Python scalars
     assert int(result.state.step) == 3  # the state took the 3 steps of this call
 
 
+def test_every_action_is_closed_in_reverse_order_after_an_error():
+    step_fn, state = _plain_step()
+    calls = []
+
+    class Failing(training.Action):
+        def __init__(self):
+            super().__init__(every_steps=2)
+
+        def run(self, step, state, metrics, batch):
+            raise RuntimeError("boom")
+
+        def close(self):
+            calls.append(("close failing",))
+
+    with pytest.raises(RuntimeError, match="boom"):
+        training.train_loop(
+            step_fn,
+            state,
+            _batches(),
+            num_steps=5,
+            actions=[_Trace(calls, every_steps=1, at_end=True), Failing()],
+        )
+    assert calls == [("start", 0, 5), ("run", 1), ("run", 2), ("close failing",), ("close",)]
+
+
+def test_loop_refuses_misuse_and_says_when_the_batches_ran_out():
+    step_fn, state = _plain_step()
+
+    def loop(**kwargs):
+        args = dict(num_steps=4, start_step=0, actions=())
+        return training.train_loop(step_fn, state, _batches(), **(args | kwargs))
+
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="num_steps"):
+            loop(num_steps=bad)
+    for bad in (-1, 5, 1.0):
+        with pytest.raises(ValueError, match="start_step"):
+            loop(start_step=bad)
+    with pytest.raises(ValueError, match=r"actions\[1\] must be a deqjax.training.Action"):
+        loop(actions=[training.LogMetrics(), lambda *args: None])
+    short = iter([next(_batches()) for _ in range(3)])
+    with pytest.raises(ValueError, match="ran out before step 4 of 4"):
+        training.train_loop(step_fn, state, short, num_steps=4)
+    calls = []  # nothing to do: no hook runs
+    done = loop(start_step=4, actions=[_Trace(calls, every_steps=1, at_end=True)])
+    assert calls == [] and done.step == 4 and done.history == [] and not done.stopped
+
+
 def test_metrics_are_fetched_once_and_only_on_logging_steps():
     step_fn, state = _plain_step()
-    batches = data.ShuffledBatches(_arrays(), batch_size=16, seed=0)
     reads = []
 
     def read(metrics):
@@ -99,34 +159,44 @@ def test_metrics_are_fetched_once_and_only_on_logging_steps():
         return jax.device_get(metrics)
 
     actions = [
-        training.LogMetrics(every_steps=3, num_steps=7, data=batches),
-        training.GuardNonFinite(None, every_steps=3, num_steps=7),
-        training.ReportProgress(num_steps=7, every_steps=3, enabled=False),
+        training.LogMetrics(every_steps=3),
+        training.GuardNonFinite(None, every_steps=3),
+        training.ReportProgress(),
     ]
     result = training.train_loop(
-        step_fn, state, batches, num_steps=7, actions=actions, read_metrics=read
+        step_fn, state, _batches(), num_steps=7, actions=actions, read_metrics=read
     )
-    assert [r["step"] for r in result.history] == [3, 6, 7]
+    assert [r["step"] for r in result.history] == [3, 6, 7]  # the run's last step too
     assert len(reads) == 3  # three actions read the metrics on each of those steps: one fetch
     assert {"loss", "err_max", "grad_norm", "epoch", "examples_per_sec"} <= set(result.history[0])
 
 
-def _fit(**kwargs):
-    """fit on the regression toy; ``kwargs`` add to or replace the defaults."""
-    arrays = _arrays()
-    defaults = dict(
-        params={"w": jnp.zeros((5,), jnp.float32)},
-        loss_fn=_loss_fn,
-        optimizer=optax.sgd(0.05),
-        train_data=data.ShuffledBatches(arrays, batch_size=16, seed=0),
-        rng=jax.random.PRNGKey(0),
-        eval_fn=_eval_fn,
-        eval_data=arrays,
-        diagnostics_fn=_diagnostics_fn,
-        progress=False,
-        print_fn=None,
-    )
-    return training.fit(**(defaults | kwargs))
+def test_log_metrics_records_the_last_step_of_the_run_it_is_in():
+    """One LogMetrics in runs of two lengths: each run's last step is recorded (the run's
+    length comes from the loop, not from the constructor)."""
+    step_fn, state = _plain_step()
+    log = training.LogMetrics(every_steps=4)
+    for num_steps, want in ((6, [4, 6]), (9, [4, 8, 9])):
+        result = training.train_loop(step_fn, state, _batches(), num_steps=num_steps, actions=[log])
+        assert [r["step"] for r in result.history] == want
+
+
+def _fit(actions, **kwargs):
+    """fit on the regression toy with these actions; ``kwargs`` add to or replace the rest."""
+    pair = training.train_step(_loss_fn, training.skip_nonfinite(optax.sgd(0.05)))
+    state = pair.init({"w": jnp.zeros((5,), jnp.float32)}, kwargs.pop("rng", jax.random.PRNGKey(0)))
+    defaults = dict(num_steps=10, parallel=training.data_parallel("sharded"), say=None)
+    return training.fit(pair, state, _batches(), actions=actions, **(defaults | kwargs))
+
+
+def _actions(log_every=2, diagnostics_every=5, eval_every=None):
+    return [
+        training.LogMetrics(every_steps=log_every),
+        training.GuardNonFinite(10, every_steps=log_every),
+        training.RunDiagnostics(_diagnostics_fn, every_steps=diagnostics_every),
+        training.Evaluate(_eval_fn, _arrays(), every_steps=eval_every),
+        training.StopOnSigterm(),
+    ]
 
 
 def _untimed(records):
@@ -134,54 +204,38 @@ def _untimed(records):
 
 
 def test_the_loop_built_by_hand_from_fits_parts_gives_fits_history(tmp_path):
-    arrays = _arrays()
     params, rng = {"w": jnp.zeros((5,), jnp.float32)}, jax.random.PRNGKey(3)
     fitted = _fit(
-        num_steps=10,
+        _actions(),
         rng=rng,
-        log_every=2,
-        checkpoint_every=4,
-        diagnostics_every=5,
-        checkpoint_dir=tmp_path / "fit" / "ckpt",
-        metrics_path=tmp_path / "fit" / "metrics.jsonl",
+        checkpoints=training.Checkpoints(tmp_path / "fit" / "ckpt", every_steps=4),
+        writers=[training.JsonlWriter(tmp_path / "fit" / "metrics.jsonl")],
     )
 
     # The same run, composed by hand from the public parts.
     parallel = training.data_parallel("sharded")
-    train_data = data.ShuffledBatches(arrays, batch_size=16, seed=0)
+    train_data = _batches()
     pair = training.train_step(_loss_fn, training.skip_nonfinite(optax.sgd(0.05)))
     state = pair.init(params, rng)
+    checkpoints = training.Checkpoints(tmp_path / "hand" / "ckpt", every_steps=4)
+    state, _ = checkpoints.restore_or_claim(state, train_data, training.RunPolicy(), parallel)
+    writer = training.JsonlWriter(tmp_path / "hand" / "metrics.jsonl")
+    writer.open(None, False)
     kinds = training.STATE_KINDS
     update = parallel.map(
         pair.update, (kinds, training.SHARDED), (kinds, training.REPLICATED), donate_argnums=(0,)
     )
-    with (
-        training.Checkpointer(tmp_path / "hand" / "ckpt") as checkpointer,
-        training.MetricsWriter(tmp_path / "hand" / "metrics.jsonl") as writer,
-        training.StopOnSigterm() as stop,
-    ):
-        save = training.SaveCheckpoints(
-            checkpointer, parallel=parallel, train_data=train_data, every_steps=4
-        )
-        actions = [
-            training.LogMetrics(every_steps=2, num_steps=10, data=train_data),
-            training.GuardNonFinite(
-                10, every_steps=2, num_steps=10, last_checkpoint=save.last_checkpoint
-            ),
-            training.RunDiagnostics(_diagnostics_fn, every_steps=5, parallel=parallel),
-            training.Evaluate(_eval_fn, arrays, parallel=parallel, train_data=train_data),
-            save,
-            stop,
-        ]
-        result = training.train_loop(
-            update,
-            parallel.put(state, kinds),
-            (parallel.put(next(train_data), training.SHARDED) for _ in itertools.count()),
-            num_steps=10,
-            actions=actions,
-            read_metrics=lambda m: parallel.get(m, training.REPLICATED),
-            on_record=writer.write,
-        )
+    result = training.train_loop(
+        update,
+        parallel.put(state, kinds),
+        (parallel.put(next(train_data), training.SHARDED) for _ in itertools.count()),
+        num_steps=10,
+        actions=[*_actions(), training.SaveCheckpoints()],
+        context=training.LoopContext(parallel, train_data, checkpoints=checkpoints),
+        read_metrics=lambda m: parallel.get(m, training.REPLICATED),
+        on_record=writer.write,
+    )
+    writer.close()
     assert not result.stopped and result.step == 10
     assert _untimed(result.history) == _untimed(fitted.history)
     splits = [(r["split"], r["step"]) for r in result.history]
@@ -190,18 +244,16 @@ def test_the_loop_built_by_hand_from_fits_parts_gives_fits_history(tmp_path):
     assert _untimed(hand_file) == _untimed(training.read_jsonl(tmp_path / "fit" / "metrics.jsonl"))
     host = parallel.get(result.state, kinds)
     assert tree_digest(host) == tree_digest(fitted.state)
-    assert checkpointer.all_steps() == [4, 8, 10]
+    saved = os.listdir(tmp_path / "hand" / "ckpt")
+    assert sorted(int(name) for name in saved if name.isdigit()) == [4, 8, 10]
+    checkpoints.close()
 
 
 def test_fit_in_pmap_mode_gives_the_sharded_history():
-    def run(parallel, **kwargs):
-        schedules = dict(eval_every=3, diagnostics_every=3, log_every=1)
-        return _fit(num_steps=6, parallel=parallel, **(schedules | kwargs))
+    def run(parallel):
+        return _fit(_actions(1, 3, 3), num_steps=6, parallel=parallel)
 
-    sharded, pmapped = run("sharded"), run(training.data_parallel("pmap"))
+    sharded = run(training.data_parallel("sharded"))
+    pmapped = run(training.data_parallel("pmap"))
     assert _untimed(sharded.history) == _untimed(pmapped.history)
     assert tree_digest(sharded.state) == tree_digest(pmapped.state)
-    with pytest.raises(ValueError, match="parallel must be one of"):
-        run("vmap")
-    with pytest.raises(ValueError, match="devices"):
-        run(training.data_parallel("pmap"), devices=jax.devices())

@@ -39,21 +39,19 @@ def _fit(eval_every=4, traces=None):
             traces.append(1)
         return {"w_norm": jnp.sqrt(jnp.sum(params["w"] ** 2))}
 
+    pair = training.train_step(loss_fn, training.skip_nonfinite(optax.sgd(0.05)))
     return training.fit(
-        params={"w": jnp.zeros((5,), jnp.float32)},
-        loss_fn=loss_fn,
-        optimizer=optax.sgd(0.05),
-        train_data=data.ShuffledBatches(arrays, batch_size=16, seed=0),
+        pair,
+        pair.init({"w": jnp.zeros((5,), jnp.float32)}, jax.random.PRNGKey(0)),
+        data.ShuffledBatches(arrays, batch_size=16, seed=0),
         num_steps=8,
-        rng=jax.random.PRNGKey(0),
-        eval_fn=eval_fn,
-        eval_data=arrays,
-        eval_every=eval_every,
-        diagnostics_fn=diagnostics_fn,
-        diagnostics_every=4,
-        log_every=4,
-        progress=False,
-        print_fn=None,
+        parallel=training.data_parallel("sharded"),
+        actions=[
+            training.LogMetrics(every_steps=4),
+            training.RunDiagnostics(diagnostics_fn, every_steps=4),
+            training.Evaluate(eval_fn, arrays, every_steps=eval_every),
+        ],
+        say=None,
     ).history
 
 
@@ -86,3 +84,19 @@ def test_a_setting_local_to_the_calling_thread_reaches_the_background():
     with jax.numpy_dtype_promotion("standard"):
         _fit(traces=traces)
     assert len(traces) == 1
+
+
+def test_the_background_compilations_have_ended_when_fit_returns(monkeypatch):
+    """An interpreter that exits while XLA compiles on another thread aborts: each action waits
+    for its compilation in ``close``, also when the run never used the program."""
+    started = []
+    real = warm_up.Background.__init__
+
+    def spy(self, fn, args):
+        real(self, fn, args)
+        started.append(self._thread)
+
+    monkeypatch.setattr(warm_up.Background, "__init__", spy)
+    _fit(eval_every=100)  # the evaluation only at the end; diagnostics at 4 and 8
+    assert len(started) == 2 and not any(thread.is_alive() for thread in started)
+    assert all(thread.name == warm_up.THREAD_NAME for thread in started)

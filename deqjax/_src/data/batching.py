@@ -7,10 +7,11 @@ communicating, and a run resumed from a checkpoint that stored :class:`IteratorS
 ``p``-th contiguous slice of each global batch (each host reads its own shard; the union over hosts
 is the global batch).
 
-:class:`BatchIterator` is the protocol :func:`deqjax.training.fit` trains from: any endless
-iterator of host batches whose position can be read (``state``, JSON-able) and set back
-(``restore``), so a checkpoint can hold it and ``--resume`` continue from it. ShuffledBatches
-implements it; so can any other source (e.g. ordered language-model segments with memory).
+:class:`Batches` is the protocol :func:`deqjax.training.fit` trains from: any endless iterator
+of batches that declares its batch sizes and epoch length and whose position can be read
+(``state``, JSON-able) and set back (``restore``), so a checkpoint can hold it and ``--resume``
+continue from it. ShuffledBatches implements it; so can any other source (e.g. ordered
+language-model segments with memory).
 """
 
 from __future__ import annotations
@@ -51,25 +52,30 @@ def iterator_state(
 
 
 @runtime_checkable
-class BatchIterator(Protocol):
-    """What :func:`deqjax.training.fit` needs from its training data: a resumable batch stream.
+class Batches(Protocol):
+    """What :func:`deqjax.training.fit` trains from: a resumable stream of batches.
 
-    Required:
-
-    * ``__next__() -> batch``: this process's share of the next global batch, a pytree of numpy
-      arrays with a leading batch axis of ``local_batch_size`` (what the step shards over devices);
-    * ``state``: the position, a NamedTuple or mapping of JSON-able values (stored in every
-      checkpoint's metadata as a dict);
-    * ``restore(state)``: moves to a position read from ``state``, given back as a dict after the
-      JSON round trip (or as the object ``state`` returned).
-
-    Optional (read with ``getattr``): ``batch_size`` (global; logged as ``examples_per_sec``),
-    ``local_batch_size`` (checked against the device count), ``steps_per_epoch`` (enables the
-    ``epoch`` field and evaluation at epoch ends; absent or None for an endless stream).
+    * ``__next__() -> batch``: this process's share of the next global batch, a pytree of arrays
+      with a leading batch axis of ``local_batch_size`` (what the step shards over devices);
+    * ``batch_size``: the global batch (summed over processes), e.g. for ``examples_per_sec``;
+    * ``local_batch_size``: this process's share of it (the local devices must divide it);
+    * ``steps_per_epoch``: batches per pass over the data, or None for an endless stream (the
+      records then carry no ``epoch``, and an evaluation needs a schedule of its own);
+    * ``state``: the position, a NamedTuple or mapping of JSON-able values (saved with every
+      checkpoint);
+    * ``restore(state)``: moves to a position read from ``state``, given back as a dict after
+      the JSON round trip (or as the object ``state`` returned).
 
     Restoring a saved state and calling ``next`` must give the batch the uninterrupted iterator
     would have given: that is what makes a resumed run reproduce the uninterrupted one.
+    :class:`ShuffledBatches`, :class:`~deqjax.data.LMBatches` and
+    :class:`~deqjax.data.CopyMemoryBatches` are ``Batches``; so is
+    :class:`~deqjax.training.ResidentBatches`, whose batches are already on the devices.
     """
+
+    batch_size: int
+    local_batch_size: int
+    steps_per_epoch: int | None
 
     @property
     def state(self) -> Any: ...
@@ -80,13 +86,12 @@ class BatchIterator(Protocol):
 
 
 def state_dict(state: Any) -> dict:
-    """A :class:`BatchIterator` position as a JSON-able dict (from a NamedTuple or mapping)."""
+    """A :class:`Batches` position as a JSON-able dict (from a NamedTuple or mapping)."""
     if hasattr(state, "_asdict"):
         state = state._asdict()
     if not isinstance(state, Mapping):
         raise ValueError(
-            f"a BatchIterator's state must be a NamedTuple or a mapping, got "
-            f"{type(state).__name__}."
+            f"a Batches' state must be a NamedTuple or a mapping, got {type(state).__name__}."
         )
     return {str(k): (v.item() if isinstance(v, np.generic) else v) for k, v in state.items()}
 
@@ -135,10 +140,10 @@ class ShuffledBatches:
         ``jax.process_count()``.
       shuffle: if False, batches follow the stored order (every epoch the same).
       state: start position (default the beginning).
-      device_resident: ask :func:`~deqjax.training.fit` to place ``arrays`` on the devices once
-        and gather each batch there (:class:`~deqjax.training.ResidentBatches`: the same
-        batches in the same order, without a host-to-device copy per step) where they fit in
-        the devices' memory. Iterating this object directly still yields host batches.
+
+    On the devices: :class:`~deqjax.training.ResidentBatches` of it places ``arrays`` there once
+    and gathers each batch there (the same batches in the same order, without a host-to-device
+    copy per step).
 
     Raises:
       ValueError: if ``batch_size`` does not divide by ``process_count`` or exceeds ``N``.
@@ -159,7 +164,6 @@ class ShuffledBatches:
         process_count: int | None = None,
         shuffle: bool = True,
         state: IteratorState | None = None,
-        device_resident: bool = False,
     ):
         self._num_examples = _check_arrays(arrays, "arrays")
         self._process_index, self._process_count = process_info(process_index, process_count)
@@ -178,7 +182,6 @@ class ShuffledBatches:
         self._local = self._batch_size // self._process_count
         self._seed = int(seed)
         self._shuffle = bool(shuffle)
-        self._device_resident = bool(device_resident)
         self._perm_epoch: int | None = None
         self._perm: np.ndarray | None = None
         self._state = IteratorState(0, 0)
@@ -200,11 +203,6 @@ class ShuffledBatches:
         return self._process_index
 
     @property
-    def device_resident(self) -> bool:
-        """Whether :func:`~deqjax.training.fit` should gather the batches on the devices."""
-        return self._device_resident
-
-    @property
     def batch_size(self) -> int:
         """The global batch size."""
         return self._batch_size
@@ -216,6 +214,7 @@ class ShuffledBatches:
 
     @property
     def steps_per_epoch(self) -> int:
+        """Full global batches per epoch (``num_examples // batch_size``)."""
         return self._num_examples // self._batch_size
 
     @property

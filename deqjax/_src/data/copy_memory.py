@@ -65,7 +65,8 @@ class CopyMemoryState(NamedTuple):
 
 
 class CopyMemoryBatches:
-    """Endless copy-memory batches from one seeded generator; a ``dq.data.BatchIterator``.
+    """Endless copy-memory batches from one seeded generator; a :class:`~deqjax.data.Batches`
+    (an endless stream: ``steps_per_epoch`` is None).
 
     Batch ``n`` is the ``n``-th :func:`copy_memory_batch` drawn from
     ``numpy.random.default_rng(seed)``; :meth:`restore` replays the generator to a position, so a
@@ -86,6 +87,7 @@ class CopyMemoryBatches:
             checks.check_positive_int(value, name)
         self.seed, self.batch_size, self.seq_len = int(seed), int(batch_size), int(seq_len)
         self.local_batch_size = self.batch_size
+        self.steps_per_epoch: int | None = None  # an endless stream: no epochs
         self.restore(CopyMemoryState(0))
 
     @property

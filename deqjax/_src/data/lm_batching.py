@@ -17,9 +17,10 @@ same shape under ``jit``. Everything is a pure function of the arguments (determ
 resumable with ``start``).
 
 :class:`LMBatches` is the endless, resumable form for :func:`deqjax.training.fit` (the
-``BatchIterator`` protocol: ``next``, ``state``, ``restore``): pass after pass over the segments,
-each batch flagging with ``reset`` the streams whose memory must start empty (the first segment of
-every pass), so the model's memory — fit's ``carry`` — follows the streams across steps.
+``Batches`` protocol: ``next``, ``state``, ``restore``, the batch sizes, ``steps_per_epoch``):
+pass after pass over the segments, each batch flagging with ``reset`` the streams whose memory
+must start empty (the first segment of every pass), so the model's memory — fit's ``carry`` —
+follows the streams across steps.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def _segments(
 class LMBatches:
     """Endless, resumable language-model batches: :func:`lm_segments` pass after pass.
 
-    Implements the :class:`~deqjax.data.BatchIterator` protocol of :func:`deqjax.training.fit`.
+    Implements the :class:`~deqjax.data.Batches` protocol of :func:`deqjax.training.fit`.
     ``next()`` returns this process's streams of the next segment::
 
         {"inputs": int32[B_p, T], "targets": int32[B_p, T], "reset": bool[B_p]}

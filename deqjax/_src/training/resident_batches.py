@@ -3,12 +3,14 @@
 A :class:`~deqjax.data.ShuffledBatches` gives the host one batch per step, which the loop then
 places on the devices (:meth:`~deqjax.training.DataParallel.put`): on a GPU a host-to-device copy
 per step, on a CPU the placement's own cost, more than the gather (BENCHMARKS.md, "The main
-job's wall time outside the train steps"). Asked
-with ``device_resident=True``, :func:`placed_batches` hands the loop a :class:`ResidentBatches`
-instead: the arrays are placed once, replicated on every device, the epoch's order (an int32
-``[N]``) once per epoch, and one compiled program per step gathers each device's rows of the next
-global batch, laid out as :meth:`~deqjax.training.DataParallel.put` lays out a host batch, and
-advances a device-side cursor: no host-to-device copy at all per step.
+job's wall time outside the train steps"). Device residency is a kind of iterator:
+:class:`ResidentBatches` of a ShuffledBatches is a :class:`~deqjax.data.Batches` whose batches
+are already on the devices (:class:`PlacedBatches`). The arrays are placed once, replicated on
+every device, the epoch's order (an int32 ``[N]``) once per epoch, and one compiled program per
+step gathers each device's rows of the next global batch, laid out as
+:meth:`~deqjax.training.DataParallel.put` lays out a host batch, and advances a device-side
+cursor: no host-to-device copy at all per step. :func:`resident_if_fits` chooses it where the
+arrays fit in the devices' memory.
 
 The order is the :class:`~deqjax.data.ShuffledBatches`' own (numpy's permutation of ``(seed,
 epoch)``) and a gather copies values exactly, so the batches, and a training run, are bit-identical
@@ -18,15 +20,14 @@ as before).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax._src.data.batching import ShuffledBatches
+from deqjax._src.data.batching import Batches, IteratorState, ShuffledBatches
 from deqjax._src.training.data_parallel import REPLICATED, SHARDED, DataParallel
 from deqjax._src.training.train_state import DEVICE_AXIS
 
@@ -59,14 +60,23 @@ def fits_on_devices(
     return True
 
 
-class ResidentBatches:
+class PlacedBatches:
+    """A :class:`~deqjax.data.Batches` whose ``next()`` gives batches already placed where the
+    step runs (laid out as :meth:`~deqjax.training.DataParallel.put` lays out a host batch):
+    :func:`~deqjax.training.fit` takes them as they are."""
+
+    placed: ClassVar[bool] = True
+
+
+class ResidentBatches(PlacedBatches):
     """The batches of ``data``, gathered on the devices of ``parallel`` from its arrays placed
     there once; each batch laid out as ``parallel.put(next(data), SHARDED)`` would lay it out,
     with the same values.
 
-    ``next()`` moves ``data`` (its ``state`` is the position, as for host batches) and returns
-    the placed batch. Each device holds every example (the arrays are :data:`REPLICATED`), so
-    each gathers its own rows without communicating.
+    A :class:`~deqjax.data.Batches`: ``next()`` moves ``data`` and returns the placed batch; the
+    batch sizes, epochs and position (``state``, ``restore``) are ``data``'s. Each device holds
+    every example (the arrays are :data:`REPLICATED`), so each gathers its own rows without
+    communicating.
 
     Args:
       data: the batches' order, position and arrays (the same on every process).
@@ -79,7 +89,7 @@ class ResidentBatches:
     Example:
       >>> parallel = training.data_parallel("sharded")
       >>> batches = ResidentBatches(data.ShuffledBatches(train, batch_size=128, seed=0), parallel)
-      >>> training.train_loop(update, state, batches, num_steps=1000)
+      >>> training.fit(pair, state, batches, num_steps=1000, parallel=parallel)
     """
 
     def __init__(self, data: ShuffledBatches, parallel: DataParallel):
@@ -114,6 +124,30 @@ class ResidentBatches:
         """The host iterator whose order and position these batches follow."""
         return self._data
 
+    @property
+    def batch_size(self) -> int:
+        """The global batch size."""
+        return self._data.batch_size
+
+    @property
+    def local_batch_size(self) -> int:
+        """This process's share of each batch."""
+        return self._data.local_batch_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches per epoch."""
+        return self._data.steps_per_epoch
+
+    @property
+    def state(self) -> IteratorState:
+        """The position: the next ``next()`` gathers batch ``index`` of epoch ``epoch``."""
+        return self._data.state
+
+    def restore(self, state: Any) -> None:
+        """Moves to a position saved from :attr:`state` (see ``ShuffledBatches.restore``)."""
+        self._data.restore(state)
+
     def __iter__(self) -> Iterator[PyTree]:
         return self
 
@@ -147,32 +181,47 @@ def _take_program(
     return parallel.map(one_device, (REPLICATED, REPLICATED, REPLICATED), (SHARDED, REPLICATED))
 
 
-def placed_batches(
-    data: Any, parallel: DataParallel, say: Callable[[str], None] | None = None
-) -> Iterator[PyTree]:
-    """The training loop's batches of ``data``, placed where ``parallel`` runs the step.
-
-    A :class:`~deqjax.data.ShuffledBatches` made with ``device_resident=True`` whose arrays fit
-    (:func:`fits_on_devices`) gives :class:`ResidentBatches`; any other iterator (or one that
-    does not fit) gives each host batch placed with ``parallel.put``: the same batches either way.
+def resident_if_fits(
+    data: ShuffledBatches, parallel: DataParallel, say: Callable[[str], None] | None = None
+) -> Batches:
+    """:class:`ResidentBatches` of ``data`` where its arrays fit in the devices' memory
+    (:func:`fits_on_devices`), else ``data`` itself (placed batch by batch): the same batches
+    either way.
 
     Args:
-      data: the training :class:`~deqjax.data.BatchIterator`.
+      data: the training batches.
       parallel: how the train step runs over the devices.
       say: where the line naming the choice goes (None: silent).
     """
-    if getattr(data, "device_resident", False) and isinstance(data, ShuffledBatches):
-        size, devices = nbytes(data.arrays), parallel.local_devices
-        if fits_on_devices(size, devices):
-            if say is not None:
-                say(
-                    f"training data on the devices: {size / 2**20:.1f} MiB on each of "
-                    f"{len(devices)} device(s), placed once"
-                )
-            return ResidentBatches(data, parallel)
-        if say is not None:
-            say(
-                f"training data ({size / 2**20:.1f} MiB) does not fit on the devices: each "
-                f"batch is placed from the host"
-            )
-    return (parallel.put(next(data), SHARDED) for _ in itertools.count())
+    size, devices = nbytes(data.arrays), parallel.local_devices
+    fits = fits_on_devices(size, devices)
+    if say is not None and fits:
+        say(
+            f"training data on the devices: {size / 2**20:.1f} MiB on each of "
+            f"{len(devices)} device(s), placed once"
+        )
+    elif say is not None:
+        say(
+            f"training data ({size / 2**20:.1f} MiB) does not fit on the devices: each batch is "
+            f"placed from the host"
+        )
+    return ResidentBatches(data, parallel) if fits else data
+
+
+def placed_batches(data: Batches, parallel: DataParallel) -> Iterator[PyTree]:
+    """The training loop's batches of ``data``, placed where ``parallel`` runs the step: a
+    :class:`PlacedBatches` as it is, any other ``Batches`` each host batch placed with
+    ``parallel.put``."""
+    if isinstance(data, PlacedBatches):
+        return data
+    return _put_each(data, parallel)
+
+
+def _put_each(data: Batches, parallel: DataParallel) -> Iterator[PyTree]:
+    """Each host batch of ``data`` placed with ``parallel.put``, until ``data`` runs out."""
+    while True:
+        try:
+            batch = next(data)
+        except StopIteration:
+            return
+        yield parallel.put(batch, SHARDED)

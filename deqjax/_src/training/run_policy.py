@@ -2,8 +2,8 @@
 
 A run writes to three places an earlier run may have filled: its output folder (``config.json``
 and results, :func:`~deqjax.harness.prepare_run_dir`), its checkpoint folder
-(:meth:`~deqjax.training.SaveCheckpoints.restore_or_claim`) and its metrics file
-(:class:`~deqjax.training.MetricsWriter`). One :class:`RunPolicy` decides for all three; each place
+(:meth:`~deqjax.training.Checkpoints.restore_or_claim`) and its metrics file
+(:class:`~deqjax.training.JsonlWriter`). One :class:`RunPolicy` decides for all three; each place
 only says what it found, how it words a refusal and how it deletes:
 
 * ``resume`` and ``overwrite`` contradict each other: refused.

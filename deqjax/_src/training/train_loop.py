@@ -1,54 +1,47 @@
-"""The training loop: per step the next batch, the step function, then each periodic action.
+"""The training loop: per step the next batch, the step function, then the actions due.
 
-Modelled on Flax's ``clu.periodic_actions``: the loop knows nothing of logging, evaluation or
-checkpoints. Each of those is an *action* (:class:`~deqjax.training.Action`) that owns its own
-schedule (``every_steps``) and is called after every step; what it measures it returns as a record
-(a flat dict with ``"split"`` and ``"step"``), which the loop keeps in its history and hands to
-``on_record`` (e.g. :meth:`~deqjax.training.MetricsWriter.write`). :func:`~deqjax.training.fit` is
-this loop with the library's actions; a loop of one's own composes the same parts::
+Modelled on Flax's ``clu.periodic_actions`` and ``train.py``: the loop knows nothing of logging,
+evaluation or checkpoints. Each of those is an :class:`~deqjax.training.Action` whose
+:class:`~deqjax.training.Schedule` the loop asks after every step; what an action measures it
+returns as a record (a flat dict with ``"split"`` and ``"step"``), which the loop keeps in its
+history and hands to ``on_record`` (e.g. a metric writer's ``write``).
+:func:`~deqjax.training.fit` is this loop with the actions it is given; a loop of one's own
+composes the same parts::
 
     parallel = data_parallel("sharded")
     update = parallel.map_update(pair.update)
     batches = (parallel.put(next(data), SHARDED) for _ in itertools.count())
     result = train_loop(update, parallel.put(state, STATE_KINDS), batches, num_steps=1000,
-                        actions=[LogMetrics(every_steps=100, num_steps=1000)],
+                        actions=[LogMetrics(every_steps=100)],
+                        context=LoopContext(parallel=parallel, data=data),
                         read_metrics=lambda m: parallel.get(m, REPLICATED))
 
 A step's metrics stay on the device (:class:`StepMetrics`) until an action asks for them on the
-host: only on the steps an action logs, the loop's only host syncs.
+host: only on the steps an action logs, the loop's only host syncs. Each step runs inside a
+``jax.profiler.StepTraceAnnotation`` (a profiler trace shows the steps;
+:class:`~deqjax.training.ProfileSteps`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
+from deqjax._src import checks
+from deqjax._src.data.batching import Batches
+from deqjax._src.training import warm_up
+from deqjax._src.training.actions.action import Action
+from deqjax._src.training.loop_context import LoopContext
 from deqjax._src.training.metrics import to_python
+from deqjax._src.training.step_metrics import Record, StepMetrics
 
 PyTree = Any
-Record = dict[str, Any]
-
-
-class StepMetrics:
-    """One step's metrics: on the device until :meth:`host` reads them (once: a device sync).
-
-    Attributes:
-      on_device: the metrics as the step function returned them.
-    """
-
-    def __init__(self, on_device: PyTree, read: Callable[[PyTree], Mapping[str, Any]]):
-        self.on_device = on_device
-        self._read = read
-        self._host: dict[str, float] | None = None
-
-    def host(self) -> dict[str, float]:
-        """``{name: float}`` on the host, fetched on the first call (later calls reuse it)."""
-        if self._host is None:
-            self._host = {k: float(v) for k, v in self._read(self.on_device).items()}
-        return self._host
 
 
 class LoopResult(NamedTuple):
@@ -67,68 +60,109 @@ def train_loop(
     *,
     num_steps: int,
     start_step: int = 0,
-    actions: Sequence[Any] = (),
+    actions: Sequence[Action] = (),
+    context: LoopContext | None = None,
     read_metrics: Callable[[PyTree], Mapping[str, Any]] = jax.device_get,
     on_record: Callable[[Record], None] | None = None,
 ) -> LoopResult:
-    """Steps ``state`` from ``start_step`` to ``num_steps``, calling each action after each step.
+    """Steps ``state`` from ``start_step`` to ``num_steps``, running the actions that are due.
 
-    Per step: ``batch = next(batches)``; ``state, metrics = step_fn(state, batch)``; then each
-    action in order, ``action(step, state, StepMetrics(metrics), batch) -> record or None``
-    (``step`` counts the steps taken, the first is 1). Before the first step each action's
-    ``start(start_step, state)`` runs, after the last (or once an action's ``stop_requested()``
-    turned True) each one's ``end(step, state, stopped) -> record or None``; the hooks are
-    optional (see :class:`~deqjax.training.Action`). An action's exception ends the loop at once
-    (no ``end``).
+    Per step: ``batch = next(batches)``; ``state, metrics = step_fn(state, batch)``; then, in
+    order, each action whose ``schedule.due(step, ...)``: ``action.run(step, state,
+    StepMetrics(metrics), batch) -> record or None`` (``step`` counts the steps taken, the first
+    is 1); then each one's ``stop_requested()``. Before the first step each action gets the
+    context (``action.ctx``) and its ``start(ctx)``; after the last (or once an action asked to
+    stop) each one with ``schedule.at_end`` its ``end(step, state, stopped)``; at last, also
+    after an error, each one's ``close()`` in reverse order. With nothing to do (``start_step ==
+    num_steps``) no hook runs.
 
     Args:
       step_fn: ``(state, batch) -> (state, metrics)``, e.g. a mapped
         :class:`~deqjax.training.TrainStep` ``update``.
       state: the state before ``start_step``'s step, placed where ``step_fn`` wants it.
-      batches: an iterator of batches placed where ``step_fn`` wants them.
-      num_steps: the step count at which the loop ends.
+      batches: an endless iterator of batches placed where ``step_fn`` wants them.
+      num_steps: the step count at which the loop ends, an int >= 1.
       start_step: the steps ``state`` has already taken (a resumed run's restored step).
-      actions: the periodic actions, called in this order.
+      actions: the periodic actions (:class:`~deqjax.training.Action`), run in this order.
+      context: the run the actions take part in (default: ``batches`` as its data when they are
+        a :class:`~deqjax.data.Batches`); its ``num_steps``, ``start_step`` and
+        ``state_shapes`` are set here.
       read_metrics: fetches a step's ``metrics`` to the host as ``{name: scalar}`` (default
         ``jax.device_get``; data-parallel: ``lambda m: parallel.get(m, REPLICATED)``).
-      on_record: called with each record as it is made (e.g. a metrics file's ``write``).
+      on_record: called with each record as it is made (e.g. a metric writer's ``write``).
 
     Returns:
       A :class:`LoopResult`; its ``history`` holds Python scalars (nan stays a float).
+
+    Raises:
+      ValueError: ``num_steps`` not an int >= 1, ``start_step`` not an int in ``[0,
+        num_steps]``, an action not an :class:`~deqjax.training.Action`, or ``batches`` ran
+        out before ``num_steps`` (naming the step).
     """
+    check_arguments(num_steps, start_step, actions)
+    if context is None:
+        context = LoopContext(data=batches if isinstance(batches, Batches) else None)
+    ctx = dataclasses.replace(
+        context, num_steps=num_steps, start_step=start_step, state_shapes=warm_up.abstract(state)
+    )
     history: list[Record] = []
 
     def keep(record: Record | None) -> None:
-        if record is None:
-            return
-        record = {k: _py_scalar(v) for k, v in record.items()}
-        history.append(record)
-        if on_record is not None:
-            on_record(record)
+        if record is not None:
+            record = {k: _py_scalar(v) for k, v in record.items()}
+            history.append(record)
+            if on_record is not None:
+                on_record(record)
 
-    for action in actions:
-        _hook(action, "start")(start_step, state)
+    if start_step == num_steps:
+        return LoopResult(state, start_step, history, False)
     step, stopped = start_step, False
-    while step < num_steps and not stopped:
-        batch = next(batches)
-        state, metrics = step_fn(state, batch)
-        step += 1
-        metrics = StepMetrics(metrics, read_metrics)
+    with contextlib.ExitStack() as closing:  # every close, in reverse, also after an error
+        now = time.monotonic()
         for action in actions:
-            keep(action(step, state, metrics, batch))
-        stopped = any(_hook(action, "stop_requested")() for action in actions)
-    for action in actions:
-        keep(_hook(action, "end")(step, state, stopped))
+            closing.callback(action.close)
+            action.ctx, action.last_run, action.last_step = ctx, now, None
+            action.start(ctx)
+        while step < num_steps and not stopped:
+            with jax.profiler.StepTraceAnnotation(ctx.desc, step_num=step + 1):
+                batch = _next(batches, step + 1, num_steps)
+                state, metrics = step_fn(state, batch)
+            step += 1
+            ctx._latest[0] = metrics = StepMetrics(metrics, read_metrics)
+            for action in actions:
+                if action.schedule.due(step, time.monotonic(), action.last_run):
+                    keep(action.run(step, state, metrics, batch))
+                    action.last_run, action.last_step = time.monotonic(), step
+            stopped = any(action.stop_requested() for action in actions)
+        for action in actions:
+            if action.schedule.at_end:
+                keep(action.end(step, state, stopped))
     return LoopResult(state, step, history, stopped)
 
 
-def _nothing(*args: Any) -> None:
-    return None
+def check_arguments(num_steps: Any, start_step: Any, actions: Sequence[Any]) -> None:
+    """Raises ``ValueError`` naming the first invalid argument of :func:`train_loop`."""
+    checks.check_positive_int(num_steps, "num_steps")
+    checks.check_int(start_step, "start_step", minimum=0)
+    if start_step > num_steps:
+        raise ValueError(f"start_step ({start_step}) must not exceed num_steps ({num_steps}).")
+    for i, action in enumerate(actions):
+        if not isinstance(action, Action):
+            raise ValueError(
+                f"actions[{i}] must be a deqjax.training.Action (subclass it: run, start, end), "
+                f"got {type(action).__name__}."
+            )
 
 
-def _hook(action: Any, name: str) -> Callable[..., Any]:
-    """``action``'s optional hook ``name``, or one that does nothing (and returns None)."""
-    return getattr(action, name, _nothing)
+def _next(batches: Iterator[PyTree], step: int, num_steps: int) -> PyTree:
+    """The batch of ``step``; a clear error when ``batches`` ran out."""
+    try:
+        return next(batches)
+    except StopIteration:
+        raise ValueError(
+            f"the batches ran out before step {step} of {num_steps}: train_loop needs an "
+            f"endless iterator (one that restarts each epoch, like deqjax.data.ShuffledBatches)."
+        ) from None
 
 
 def _py_scalar(value: Any) -> Any:

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 
 PyTree = Any
+THREAD_NAME = "deqjax-warm-up"  # each background compilation's thread
 
 
 def abstract(tree: PyTree) -> PyTree:
@@ -51,7 +52,9 @@ def _thread_settings() -> list[contextlib.AbstractContextManager]:
 
 
 class Background:
-    """One program compiling on a thread of its own; :meth:`wait` before its first call.
+    """One program compiling on a thread of its own; :meth:`wait` before its first call, and
+    before the process exits (an interpreter that exits while XLA compiles on another thread
+    aborts: the action that started it waits in its ``close``).
 
     A failure to lower or compile in the background is not raised there: the first call then
     compiles (and raises) as it would have without the warm-up.
@@ -63,6 +66,7 @@ class Background:
         self._thread = threading.Thread(
             target=context.run,
             args=(self._compile, fn, [abstract(a) for a in args], settings),
+            name=THREAD_NAME,
             daemon=True,
         )
         self._thread.start()

@@ -1,71 +1,76 @@
-"""Reports skipped (non-finite) updates, and stops a run whose updates stay non-finite."""
+"""Reports skipped (non-finite) updates, and stops a run whose loss or updates stay non-finite."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 from typing import Any
 
 from deqjax._src import checks
-from deqjax._src.training.actions.action import Action, due
+from deqjax._src.training.actions.action import Action
+from deqjax._src.training.loop_context import LoopContext
 from deqjax._src.training.nonfinite import NonFiniteError
-from deqjax._src.training.train_loop import StepMetrics
+from deqjax._src.training.step_metrics import StepMetrics
 
 PyTree = Any
 
 
 class GuardNonFinite(Action):
-    """Reads ``skipped_updates`` and ``nonfinite_streak`` (the metrics of a
-    :func:`~deqjax.training.skip_nonfinite` optimizer) every ``every_steps`` steps and at the last
-    step: says when more updates were skipped, and stops the run when the streak reaches
-    ``max_steps``.
+    """Every ``every_steps`` steps and at the run's last step: says when more updates were
+    skipped, and stops the run (:class:`~deqjax.training.NonFiniteError`) once the loss or the
+    updates have been non-finite for ``max_steps`` steps in a row.
+
+    With an optimizer wrapped in :func:`~deqjax.training.skip_nonfinite` it reads the wrapper's
+    counters (``skipped_updates``, ``nonfinite_streak``: each such update skipped, the state
+    stays finite). Without them it counts the steps since the first non-finite ``loss`` it read
+    (at least that many were non-finite; every later one read non-finite too): an all-NaN run
+    stops either way. Give it the logging schedule: the fetch is shared.
 
     Args:
-      max_steps: the streak of skipped updates that stops the run (None: report only).
-      every_steps: steps between checks (give it the logging schedule: the fetch is shared).
-      num_steps: the run's last step (always checked).
-      desc: the run's label in messages.
-      say: where the skip reports go (None: silent).
-      last_checkpoint: ``() -> folder`` named in the error (e.g.
-        :meth:`~deqjax.training.SaveCheckpoints.last_checkpoint`).
+      max_steps: the streak of non-finite steps that stops the run (None: report only).
+      every_steps: steps between checks.
+
+    Raises:
+      ValueError: ``max_steps`` or ``every_steps`` not an int >= 1.
     """
 
-    def __init__(
-        self,
-        max_steps: int | None,
-        *,
-        every_steps: int,
-        num_steps: int,
-        desc: str = "train",
-        say: Callable[[str], None] | None = None,
-        last_checkpoint: Callable[[], str] = lambda: "none",
-    ):
+    def __init__(self, max_steps: int | None = 10, *, every_steps: int = 100):
+        super().__init__(every_steps=checks.check_positive_int(every_steps, "every_steps"))
+        self._asked = self.schedule  # start adds each run's last step to it
         self._max_steps = checks.check_int(max_steps, "max_steps", allow_none=True)
-        self._every = checks.check_positive_int(every_steps, "every_steps")
-        self._last = num_steps
-        self._desc = desc
-        self._say = say
-        self._last_checkpoint = last_checkpoint
         self._skipped_seen = 0
+        self._first_nonfinite: int | None = None  # without the wrapper: the streak's first read
 
-    def __call__(self, step: int, state: PyTree, metrics: StepMetrics, batch: PyTree) -> None:
+    def start(self, ctx: LoopContext) -> None:
+        self.schedule = self._asked.also_at(ctx.num_steps)
+        self._skipped_seen, self._first_nonfinite = 0, None
+
+    def run(self, step: int, state: PyTree, metrics: StepMetrics, batch: PyTree) -> None:
         """Raises:
-        NonFiniteError: the streak of skipped updates reached ``max_steps``.
+        NonFiniteError: the streak of non-finite steps reached ``max_steps``.
         """
-        if not due(step, self._every, self._last):
-            return
         host = metrics.host()
         skipped = int(host.get("skipped_updates", 0))
-        if skipped != self._skipped_seen and self._say is not None:
-            self._say(
-                f"[{self._desc}] step {step}: {skipped} update(s) skipped so far "
+        if skipped != self._skipped_seen:
+            self.ctx.tell(
+                f"step {step}: {skipped} update(s) skipped so far "
                 f"(non-finite loss or gradient; loss {host['loss']})"
             )
         self._skipped_seen = skipped
-        streak = int(host.get("nonfinite_streak", 0))
+        if "nonfinite_streak" in host:
+            streak, kept = int(host["nonfinite_streak"]), "each of those updates was skipped"
+        else:
+            if math.isfinite(host["loss"]):
+                self._first_nonfinite = None
+            elif self._first_nonfinite is None:
+                self._first_nonfinite = step
+            first = self._first_nonfinite
+            streak = 0 if first is None else step - first + 1
+            kept = "those updates were applied (skip_nonfinite would have skipped them)"
         if self._max_steps is not None and streak >= self._max_steps:
+            checkpoints = self.ctx.checkpoints
+            last = checkpoints.last_checkpoint() if checkpoints is not None else "none"
             raise NonFiniteError(
-                f"[{self._desc}] stopped at step {step}: the loss or gradient was non-finite for "
-                f"the last {streak} steps (>= max_nonfinite_steps={self._max_steps}); each of "
-                f"those updates was skipped, so the state stays finite. Last checkpoint: "
-                f"{self._last_checkpoint()}. Lower the learning rate or clip the gradients."
+                f"[{self.ctx.desc}] stopped at step {step}: the loss or gradient was non-finite "
+                f"for the last {streak} steps (>= max_nonfinite_steps={self._max_steps}); {kept}. "
+                f"Last checkpoint: {last}. Lower the learning rate or clip the gradients."
             )

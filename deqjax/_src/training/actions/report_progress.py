@@ -1,4 +1,4 @@
-"""A progress bar over the steps, showing the latest logged loss and accuracy."""
+"""A progress bar over the steps, showing the latest metrics read on the host."""
 
 from __future__ import annotations
 
@@ -8,66 +8,51 @@ from typing import Any
 import jax
 
 from deqjax._src import checks
-from deqjax._src.training.actions.action import Action, due
+from deqjax._src.training.actions.action import Action
+from deqjax._src.training.loop_context import LoopContext
 from deqjax._src.training.metrics import format_metrics, progress_bar
-from deqjax._src.training.train_loop import StepMetrics
+from deqjax._src.training.step_metrics import StepMetrics
 
 PyTree = Any
 
 
 class ReportProgress(Action):
-    """A tqdm bar over the steps (process 0 only), advanced every step; every ``every_steps``
-    steps and at the last step its postfix shows ``keys`` of the metrics (read on the host, so
-    give it the logging schedule: the fetch is shared).
-
-    A context manager (closing the bar on exit, also after an error); :meth:`end` closes it too.
+    """A tqdm bar over the steps (process 0 only; ``ctx.desc`` its label), moved to the step
+    every ``every_steps`` steps; its postfix shows ``keys`` of the latest metrics another action
+    read on the host (e.g. :class:`~deqjax.training.LogMetrics`: it reads none itself, so it
+    adds no host sync). Put it after the actions that read the metrics. :meth:`close` closes
+    the bar.
 
     Args:
-      num_steps: the run's last step.
-      every_steps: steps between postfix updates.
-      desc: the bar's label.
-      enabled: False shows nothing.
+      every_steps: steps between moves of the bar.
       keys: the metrics shown.
+
+    Raises:
+      ValueError: ``every_steps`` not an int >= 1.
     """
 
-    def __init__(
-        self,
-        *,
-        num_steps: int,
-        every_steps: int,
-        desc: str = "train",
-        enabled: bool = True,
-        keys: Sequence[str] = ("loss", "accuracy"),
-    ):
-        self._num_steps = num_steps
-        self._every = checks.check_positive_int(every_steps, "every_steps")
-        self._desc = desc
-        self._enabled = enabled and jax.process_index() == 0
+    def __init__(self, *, every_steps: int = 1, keys: Sequence[str] = ("loss", "accuracy")):
+        every_steps = checks.check_positive_int(every_steps, "every_steps")
+        super().__init__(every_steps=every_steps, at_end=True)  # the bar ends on the last step
         self._keys = tuple(keys)
         self._bar = None
 
-    def start(self, step: int, state: PyTree) -> None:
+    def start(self, ctx: LoopContext) -> None:
         self.close()
         self._bar = progress_bar(
-            total=self._num_steps, initial=step, enabled=self._enabled, desc=self._desc
+            total=ctx.num_steps,
+            initial=ctx.start_step,
+            enabled=jax.process_index() == 0,
+            desc=ctx.desc,
         )
 
-    def __call__(self, step: int, state: PyTree, metrics: StepMetrics, batch: PyTree) -> None:
-        self._bar.update(1)
-        if due(step, self._every, self._num_steps):
+    def run(self, step: int, state: PyTree, metrics: StepMetrics, batch: PyTree) -> None:
+        self._bar.update(step - self._bar.n)
+        if metrics.fetched:
             self._bar.set_postfix_str(format_metrics(metrics.host(), keys=self._keys))
-
-    def end(self, step: int, state: PyTree, stopped: bool) -> None:
-        self.close()
 
     def close(self) -> None:
         """Closes the bar (if open)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-
-    def __enter__(self) -> ReportProgress:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
