@@ -44,6 +44,11 @@ from deqjax._src.training.resident_batches import ResidentBatches
 from deqjax._src.training.train_loop import LoopResult, StepMetrics, train_loop
 from deqjax._src.training.train_state import TrainState, replicate, shard, unreplicate
 from deqjax._src.training.train_step import TrainStep, reduce_metrics, train_step
+from deqjax._src.training.writers.event_file import read_tensorboard
+from deqjax._src.training.writers.jsonl_writer import JsonlWriter
+from deqjax._src.training.writers.metric_writer import MetricWriter
+from deqjax._src.training.writers.tensorboard_writer import TensorBoardWriter
+from deqjax._src.training.writers.wandb_writer import WandbWriter
 from deqjax._src.training.xla_memory import compile_with_memory
 
 __all__ = [
@@ -55,8 +60,10 @@ __all__ = [
     "Evaluate",
     "FitResult",
     "GuardNonFinite",
+    "JsonlWriter",
     "LogMetrics",
     "LoopResult",
+    "MetricWriter",
     "MetricsWriter",
     "NonFiniteError",
     "PER_DEVICE",
@@ -70,8 +77,10 @@ __all__ = [
     "SaveCheckpoints",
     "StepMetrics",
     "StopOnSigterm",
+    "TensorBoardWriter",
     "TrainState",
     "TrainStep",
+    "WandbWriter",
     "compile_with_memory",
     "data_parallel",
     "fit",
@@ -79,6 +88,7 @@ __all__ = [
     "make_optimizer",
     "make_schedule",
     "read_jsonl",
+    "read_tensorboard",
     "reduce_metrics",
     "replicate",
     "shard",
