@@ -17,6 +17,8 @@ from deqjax._src.data.copy_memory import (
 )
 from deqjax._src.data.digits import load_digits
 from deqjax._src.data.errors import DataFormatError, DataNotFoundError
+from deqjax._src.data.grain_batches import GrainBatches
+from deqjax._src.data.grain_shuffled import grain_shuffled_batches, grain_shuffled_examples
 from deqjax._src.data.idx import load_fashion_mnist
 from deqjax._src.data.lm_batching import LMBatches
 from deqjax._src.data.sources import ImageDataset, load_image_dataset, load_lm_corpus
@@ -28,6 +30,7 @@ __all__ = [
     "CopyMemoryBatches",
     "DataFormatError",
     "DataNotFoundError",
+    "GrainBatches",
     "ImageDataset",
     "IteratorState",
     "LMBatches",
@@ -38,6 +41,8 @@ __all__ = [
     "copy_memory_blank_loss",
     "copy_memory_steps_to_learn",
     "encode_corpus",
+    "grain_shuffled_batches",
+    "grain_shuffled_examples",
     "load_classification",
     "load_digits",
     "load_fashion_mnist",

@@ -46,7 +46,7 @@ from deqjax._src.training.data_parallel import (
 from deqjax._src.training.distributed import DistributedConfig, initialize_distributed
 from deqjax._src.training.fit import FitResult, fit
 from deqjax._src.training.loop_context import LoopContext
-from deqjax._src.training.metrics import JsonlWriter, MetricWriter, read_jsonl
+from deqjax._src.training.metrics import read_jsonl
 from deqjax._src.training.nonfinite import NonFiniteError, skip_nonfinite
 from deqjax._src.training.optimizer import make_optimizer, make_schedule
 from deqjax._src.training.resident_batches import ResidentBatches, resident_if_fits
@@ -56,6 +56,11 @@ from deqjax._src.training.step_metrics import StepMetrics
 from deqjax._src.training.train_loop import LoopResult, train_loop
 from deqjax._src.training.train_state import TrainState, replicate, shard, unreplicate
 from deqjax._src.training.train_step import TrainStep, reduce_metrics, train_step
+from deqjax._src.training.writers.event_file import read_tensorboard
+from deqjax._src.training.writers.jsonl_writer import JsonlWriter
+from deqjax._src.training.writers.metric_writer import MetricWriter
+from deqjax._src.training.writers.tensorboard_writer import TensorBoardWriter
+from deqjax._src.training.writers.wandb_writer import WandbWriter
 from deqjax._src.training.xla_memory import compile_with_memory
 
 __all__ = [
@@ -88,8 +93,10 @@ __all__ = [
     "Schedule",
     "StepMetrics",
     "StopOnSigterm",
+    "TensorBoardWriter",
     "TrainState",
     "TrainStep",
+    "WandbWriter",
     "compile_with_memory",
     "data_parallel",
     "default_actions",
@@ -98,6 +105,7 @@ __all__ = [
     "make_optimizer",
     "make_schedule",
     "read_jsonl",
+    "read_tensorboard",
     "reduce_metrics",
     "replicate",
     "resident_if_fits",

@@ -22,13 +22,13 @@ from deqjax._src.training.actions.save_checkpoints import SaveCheckpoints
 from deqjax._src.training.checkpoints_adapter import Checkpoints
 from deqjax._src.training.data_parallel import REPLICATED, STATE_KINDS, DataParallel
 from deqjax._src.training.loop_context import LoopContext
-from deqjax._src.training.metrics import MetricWriter
 from deqjax._src.training.nonfinite import NonFiniteError as NonFiniteError
 from deqjax._src.training.resident_batches import placed_batches
 from deqjax._src.training.run_policy import RunPolicy
 from deqjax._src.training.train_loop import check_arguments, train_loop
 from deqjax._src.training.train_state import TrainState, stack
 from deqjax._src.training.train_step import TrainStep
+from deqjax._src.training.writers.metric_writer import MetricWriter
 
 
 class FitResult(NamedTuple):

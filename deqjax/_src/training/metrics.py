@@ -8,13 +8,10 @@ import functools
 import json
 import math
 import os
-import time
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
-
-from deqjax._src.training.run_policy import RunPolicy
 
 
 def to_python(value: Any) -> Any:
@@ -91,90 +88,6 @@ def read_jsonl(path: str | os.PathLike, *, raw: bool = False) -> list[dict]:
 
 
 RESUME = "resume"
-
-
-@runtime_checkable
-class MetricWriter(Protocol):
-    """Where :func:`~deqjax.training.fit` sends its records (e.g. :class:`JsonlWriter`)."""
-
-    def open(self, restored_step: int | None, overwrite: bool) -> None:
-        """Before the first record: ``restored_step`` is the step a resumed run continues
-        from (None: a fresh run, which may replace an earlier run's records only with
-        ``overwrite``)."""
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        """One record (a flat dict with ``"split"`` and ``"step"``)."""
-
-    def close(self) -> None:
-        """After the last record (also after an error)."""
-
-
-class JsonlWriter:
-    """Appends the records to a JSONL file, one line per record, flushed at once (process 0).
-
-    The file is only ever appended to (the overwrite/resume policy of
-    :mod:`~deqjax._src.training.run_policy`): a resumed run (``open(restored_step=s, ...)``)
-    first appends a marker ``{"split": "resume", "step": s}``; :func:`read_jsonl` uses it to drop
-    the records the interrupted run logged after step ``s``, so the file reads as one
-    uninterrupted run while keeping every line ever written.
-
-    Args:
-      path: the JSONL file (its folder is created on :meth:`open`).
-      enabled: False makes every call a no-op (default: only process 0 writes).
-
-    Example:
-      >>> writer = JsonlWriter("runs/x/metrics.jsonl")
-      >>> writer.open(restored_step=None, overwrite=False); writer.write({"split": "train"})
-    """
-
-    def __init__(self, path: str | os.PathLike, *, enabled: bool | None = None):
-        self.path = os.fspath(path)
-        if enabled is None:
-            import jax
-
-            enabled = jax.process_index() == 0
-        self.enabled = bool(enabled)
-        self._file = None
-
-    def open(self, restored_step: int | None, overwrite: bool) -> None:
-        """Opens the file for appending (see the class docstring).
-
-        Raises:
-          FileExistsError: a fresh run (``restored_step`` None) finds a non-empty file and
-            ``overwrite`` is not set.
-        """
-        if not self.enabled:
-            return
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        exists = os.path.exists(self.path) and os.path.getsize(self.path) > 0
-        policy = RunPolicy(resume=restored_step is not None, overwrite=overwrite)
-        refuse = lambda: FileExistsError(  # noqa: E731
-            f"{self.path} holds the metrics of an earlier run; resume it, or pass "
-            f"overwrite=True (--overwrite) to replace it."
-        )
-        for path in policy.to_delete([self.path] if exists else [], refuse):
-            os.remove(path)
-        self._file = open(self.path, "a")
-        if restored_step is not None:
-            if exists:
-                with open(self.path, "rb") as f:  # a torn last line gets its own line ended
-                    f.seek(-1, os.SEEK_END)
-                    if f.read(1) != b"\n":
-                        self._file.write("\n")
-            self.write({"split": RESUME, "step": int(restored_step), "time": time.time()})
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        """Appends ``record`` as one line (nothing before :meth:`open` or when disabled)."""
-        if self._file is None:
-            return
-        self._file.write(json.dumps(to_python(record)) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        """Closes the file (if open)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
 
 
 def format_value(value: Any, spec: str = ".4g") -> str:
