@@ -43,7 +43,7 @@ def test_a_grain_iterator_restores_to_the_same_next_batch():
     ds = grain.MapDataset.source(np.arange(40)).shuffle(seed=1).repeat().batch(4)
     ds = ds.map(lambda x: {"x": x})
     it = data.GrainBatches(iter(ds.to_iter_dataset()), batch_size=8, process_count=2)
-    assert isinstance(it, data.BatchIterator)
+    assert isinstance(it, data.Batches)
     assert (it.batch_size, it.local_batch_size, it.steps_per_epoch) == (8, 4, None)
     _take(it, 3)
     state = _roundtrip(it.state)
@@ -136,11 +136,10 @@ def test_fashion_mnist_through_grain_matches_shuffled_batches():
 
 
 def _grain_fit(tmp_path, num_steps, *, resume=False, name="run", source="grain"):
-    import jax
     import jax.numpy as jnp
-    import optax
 
     from deqjax import training
+    from tests.helpers.train_worker import toy_fit
 
     arrays = {"x": np.arange(40, dtype=np.float32)}  # 5 batches of 8 an epoch
     make = data.grain_shuffled_batches if source == "grain" else data.ShuffledBatches
@@ -149,19 +148,16 @@ def _grain_fit(tmp_path, num_steps, *, resume=False, name="run", source="grain")
     def loss_fn(params, batch, key, reg_state, step):
         return jnp.sum((params["w"] - jnp.mean(batch["x"])) ** 2), {}
 
-    return training.fit(
+    return toy_fit(
+        batches,
+        num_steps,
+        loss=loss_fn,
         params={"w": jnp.zeros((2,), jnp.float32)},
-        loss_fn=loss_fn,
-        optimizer=optax.sgd(0.1),
-        train_data=batches,
-        num_steps=num_steps,
-        rng=jax.random.PRNGKey(0),
-        log_every=1,
-        checkpoint_dir=tmp_path / name / "ckpt",
+        actions=training.default_actions(log_every=1, progress=False),
+        workdir=str(tmp_path / name),
         checkpoint_every=4 if name == "part" else None,
         resume=resume,
-        progress=False,
-        print_fn=None,
+        rng=0,
     )
 
 
