@@ -15,7 +15,8 @@ a function, a ``functools.partial`` or a user's own callable into an object.
 from deqjax._src.normalise import as_solver
 from deqjax._src.solvers.anderson import Anderson, anderson
 from deqjax._src.solvers.base import Solver
-from deqjax._src.solvers.broyden import Broyden, BroydenInverse, broyden
+from deqjax._src.solvers.broyden import Broyden, broyden
+from deqjax._src.solvers.broyden_inverse import BroydenInverse
 from deqjax._src.solvers.fixed_point_iteration import FixedPointIteration, fixed_point_iteration
 from deqjax._src.solvers.krylov import GMRES, BiCGStab, NormalCG, bicgstab, gmres, normal_cg
 from deqjax._src.solvers.registry import from_dict

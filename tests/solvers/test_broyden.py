@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from deqjax import solvers
-from deqjax._src.solvers import broyden
+from deqjax._src.solvers import broyden_inverse
 from tests.helpers.solver_problems import (
     KINDS,
     SCALES,
@@ -134,7 +134,7 @@ def test_steps_only_form_equals_dense_broyden(memory, batch_ndim):
         )
         np.testing.assert_allclose(pick(sol.samples), want_xs, rtol=1e-10, atol=1e-12)
         estimate = jax.tree_util.tree_map(pick, sol.inverse_estimate)
-        got_h = np.stack([broyden.inverse_matvec(estimate, e) for e in jnp.eye(6)], 1)
+        got_h = np.stack([broyden_inverse.inverse_matvec(estimate, e) for e in jnp.eye(6)], 1)
         np.testing.assert_allclose(got_h, want_h, rtol=1e-9, atol=1e-11)
         # The estimate is not just -I, and the restarts (memory 3) were exercised.
         assert np.max(np.abs(want_h + np.eye(6))) > 1e-2

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import deqjax as dq
-from deqjax._src.solvers import broyden
+from deqjax._src.solvers import broyden_inverse
 from deqjax._src.solvers import loop as loop_lib
 
 D, B = 6, 5
@@ -79,7 +79,7 @@ def test_every_field_equals_checking_every_step(name, mode):
         if sol.inverse_estimate is None:
             return sol
         probe = jnp.ones_like(sol.value)
-        action = broyden.inverse_matvec(sol.inverse_estimate, probe)
+        action = broyden_inverse.inverse_matvec(sol.inverse_estimate, probe)
         return sol._replace(inverse_estimate=action)
 
     want = seen(solve(1))

@@ -21,7 +21,7 @@ import pytest
 
 from deqjax import solvers
 from deqjax._src import tree
-from deqjax._src.solvers import broyden
+from deqjax._src.solvers import broyden_inverse
 from tests.helpers.solver_problems import dense_broyden
 
 N = 6
@@ -206,9 +206,9 @@ def test_broyden_iterates_and_inverse_equal_dense_complex_broyden(memory, batch_
     np.testing.assert_allclose(pick(sol.samples), want_xs, rtol=1e-10, atol=1e-12)
     estimate = jax.tree_util.tree_map(pick, sol.inverse_estimate)
     eye = jnp.eye(N, dtype=jnp.complex128)
-    got_h = np.stack([broyden.inverse_matvec(estimate, e) for e in eye], 1)
+    got_h = np.stack([broyden_inverse.inverse_matvec(estimate, e) for e in eye], 1)
     np.testing.assert_allclose(got_h, want_h, rtol=1e-9, atol=1e-11)
-    got_ht = np.stack([broyden.inverse_rmatvec(estimate, e) for e in eye], 1)
+    got_ht = np.stack([broyden_inverse.inverse_rmatvec(estimate, e) for e in eye], 1)
     np.testing.assert_allclose(got_ht, want_h.T, rtol=1e-9, atol=1e-11)
     assert np.max(np.abs(want_h + np.eye(N))) > 1e-2  # the estimate is not just -I
 
@@ -232,7 +232,7 @@ def test_broyden_line_search_inverse_equals_dense_complex_broyden():
     )
     np.testing.assert_allclose(sol.samples, want_xs, rtol=1e-9, atol=1e-12)
     eye = jnp.eye(N, dtype=jnp.complex128)
-    got_h = np.stack([broyden.inverse_matvec(sol.inverse_estimate, e) for e in eye], 1)
+    got_h = np.stack([broyden_inverse.inverse_matvec(sol.inverse_estimate, e) for e in eye], 1)
     np.testing.assert_allclose(got_h, want_h, rtol=1e-8, atol=1e-10)
 
 

@@ -112,8 +112,7 @@ def bounded_while_loop(
 
     def while_body(carry):
         val, steps = carry
-        for _ in range(check_every):  # unrolled: XLA schedules and fuses across the steps
-            val = body_fun(val)
+        val = jax.lax.fori_loop(0, check_every, lambda i, v: body_fun(v), val)
         return val, steps + check_every
 
     val, _ = jax.lax.while_loop(while_cond, while_body, (init_val, 0))
