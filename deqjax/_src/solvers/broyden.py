@@ -28,7 +28,6 @@ from typing import Any, Callable, ClassVar
 
 from deqjax._src import checks
 from deqjax._src.solvers import broyden_inverse, broyden_line_search, broyden_steps, driver
-from deqjax._src.solvers.loop import resolve_check_every
 from deqjax._src.solvers.problem import Problem
 from deqjax._src.solvers.solution import Solution
 
@@ -51,8 +50,8 @@ class Broyden(driver.DriverSolver):
         evaluation of ``f`` and counts in ``num_steps`` and ``trace``.
       return_inverse: also return the final inverse-Jacobian estimate in
         ``Solution.inverse_estimate`` (a :class:`~deqjax.solvers.BroydenInverse`: ``2 * rows``
-        iterate-sized buffers, ``rows`` = ``memory`` or ``max_steps``, and a scratch row in a
-        batch-native solve with ``check_every > 1``), for :class:`~deqjax.ShineAdjoint`. It
+        iterate-sized buffers, ``rows`` = ``memory`` or ``max_steps``), for
+        :class:`~deqjax.ShineAdjoint`. It
         is the estimate after the problem's last step. In a batch-native solve with a finite
         ``memory``, a problem that stopped while the batch ran on long enough for the shared
         memory slot to wrap onto its rows loses them (its estimate becomes ``J_g^{-1} ≈ -I``);
@@ -82,14 +81,7 @@ class Broyden(driver.DriverSolver):
 
     def rule(self, problem: Problem) -> driver.ProposalRule:
         mem = self.max_steps if self.memory is None else self.memory
-        # A batch-native loop that checks its stopping rule every k > 1 steps runs steps after
-        # every problem stopped: the estimate keeps a row for them (index mem, never valid).
-        scratch = (
-            problem.batch_ndim > 0
-            and self.loop == "while"
-            and resolve_check_every(self.check_every) > 1
-        )
-        memory = broyden_inverse.memory_of(mem, self.loop, scratch)
+        memory = broyden_inverse.memory_of(mem, self.loop)
         form = broyden_line_search if self.line_search else broyden_steps
         return form.proposal_rule(problem, memory, return_inverse=self.return_inverse)
 

@@ -29,22 +29,20 @@ class Memory(NamedTuple):
     """The static shape of a Broyden memory, and how it is read."""
 
     mem: int  # updates kept before a restart
-    rows: int  # rows of the estimate (mem, and the scratch row; rounded up to whole blocks)
+    rows: int  # rows of the estimate (mem, rounded up to whole blocks when blocked)
     blocked: bool  # products read only the filled rows, block by block
     scan: bool  # the loop must be reverse-differentiable: reads in loops of static trip count
 
 
-def memory_of(mem: int, loop: str, scratch: bool) -> Memory:
-    """The memory of ``mem`` updates on a ``loop`` of that kind (``scratch``: one more row,
-    never valid).
+def memory_of(mem: int, loop: str) -> Memory:
+    """The memory of ``mem`` updates on a ``loop`` of that kind.
 
     Blocked reads (only the filled rows) for a long memory on a loop that need not be
     reverse-differentiable (``lax.scan`` needs a static trip count).
     """
-    wanted = mem + int(scratch)
     scan = loop == "scan"
     blocked = mem > 2 * _BLOCK and not scan
-    rows = -(-wanted // _BLOCK) * _BLOCK if blocked else wanted
+    rows = -(-mem // _BLOCK) * _BLOCK if blocked else mem
     return Memory(mem=mem, rows=rows, blocked=blocked, scan=scan)
 
 
