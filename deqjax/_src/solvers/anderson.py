@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg
 
 from deqjax._src import checks, tree
-from deqjax._src.solvers import driver
+from deqjax._src.solvers import driver, registry
 from deqjax._src.solvers.problem import Problem
 from deqjax._src.solvers.solution import Solution
 
@@ -177,6 +177,7 @@ class Anderson(driver.DriverSolver):
         return driver.ProposalRule(propose, state0)
 
 
+@registry.function_form(Anderson)
 def anderson(f: Callable[[PyTree], PyTree], z0: PyTree, /, **options) -> Solution:
     """Solves ``z = f(z)`` by Anderson acceleration: ``Anderson(**options)(f, z0)``.
 

@@ -27,7 +27,13 @@ import dataclasses
 from typing import Any, Callable, ClassVar
 
 from deqjax._src import checks
-from deqjax._src.solvers import broyden_inverse, broyden_line_search, broyden_steps, driver
+from deqjax._src.solvers import (
+    broyden_inverse,
+    broyden_line_search,
+    broyden_steps,
+    driver,
+    registry,
+)
 from deqjax._src.solvers.problem import Problem
 from deqjax._src.solvers.solution import Solution
 
@@ -86,6 +92,7 @@ class Broyden(driver.DriverSolver):
         return form.proposal_rule(problem, memory, return_inverse=self.return_inverse)
 
 
+@registry.function_form(Broyden)
 def broyden(f: Callable[[PyTree], PyTree], z0: PyTree, /, **options) -> Solution:
     """Solves ``z = f(z)`` as the root of ``g(z) = f(z) - z`` by Broyden's method:
     ``Broyden(**options)(f, z0)``.
