@@ -56,9 +56,9 @@ def _spd_solve(h: jax.Array, rhs: jax.Array) -> jax.Array:
     (stable for SPD and HPD matrices).
 
     A ``fori_loop`` of ``m`` steps on the augmented ``[*batch, m, m + 1]`` system, one fused
-    kernel each: for the small Gram systems of Anderson acceleration it costs a few µs per solver
-    step on CPU, where LAPACK's batched ``potrf`` and two ``trsm`` calls (one call per matrix)
-    cost about 40 µs at ``B = 128, m = 5`` (BENCHMARKS.md, "Loop cost"); it compiles as fast.
+    kernel each, in place of LAPACK's batched ``potrf`` and two ``trsm`` calls, which make one
+    call per matrix: for the small Gram systems of Anderson acceleration it is the cheaper per
+    solver step, and compiles as fast (BENCHMARKS.md, "Loop cost", "Where a step's time went").
     """
     m = h.shape[-1]
     rows = jnp.arange(m).reshape((m, 1))

@@ -37,8 +37,8 @@ residual or ``A v`` orthogonalised, and only the cycle's closing least squares s
 the loop (the start at ``z0`` is the loop's first step, and ``b = f(0)`` is never evaluated: see
 :func:`_body`), and the loop does not nest: the chunked form
 (:func:`jax.scipy.sparse.linalg.gmres` inside a chunk loop) had five nested loops, and a
-fixed-point gradient with it as the fallback took 2.4 s to trace and compile on 2 CPU cores,
-against 1.3–1.9 s with a two-branch body (BENCHMARKS.md). A step reduces the state three times:
+fixed-point gradient with it as the fallback took longer to trace and compile than with a
+two-branch body (BENCHMARKS.md, "Eager calls"). A step reduces the state three times:
 the stopping rule's ``‖f(u) − u‖`` and ``‖f(u)‖`` (which also give the step ``s``), and the new
 basis vector's norm (which with its projections gives ``‖A v‖``).
 
