@@ -112,6 +112,12 @@ class Anderson(driver.DriverSolver):
     batched, and the ring buffer slot (the shared step counter mod ``m``) is written with one
     ``dynamic_update_slice``.
 
+    A complex state is mixed with complex coefficients, a model of a complex-linear Jacobian: for a
+    cell that is not holomorphic in ``z`` (through ``conj(z)``, ``abs``, ``real`` or ``imag`` of the
+    state) Anderson may need far more steps than fixed-point iteration, or stop at ``max_steps``
+    where it converges. Solve such a cell with :class:`~deqjax.solvers.FixedPointIteration`, or pass
+    its state as the pair of real arrays ``(Re z, Im z)``, on which Anderson mixes in ``R^{2n}``.
+
     Example:
       >>> solver = dq.solvers.Anderson(max_steps=30, tol=1e-3)
       >>> sol = solver(f, z0)                 # == dq.solvers.anderson(f, z0, max_steps=30, ...)

@@ -68,6 +68,12 @@ class Broyden(driver.DriverSolver):
     :mod:`~deqjax._src.solvers.broyden_steps`); with one, two buffers of ``memory`` rows
     (:mod:`~deqjax._src.solvers.broyden_line_search`). With ``batch_ndim``
     they are batched (``[*batch, rows, ...]``).
+
+    For a complex state the inverse estimate is complex-linear: for a cell that is not holomorphic
+    in ``z`` (through ``conj(z)``, ``abs``, ``real`` or ``imag`` of the state) Broyden may need far
+    more steps than fixed-point iteration, or stop at ``max_steps`` where it converges. Solve such a
+    cell with :class:`~deqjax.solvers.FixedPointIteration`, or pass its state as the pair of real
+    arrays ``(Re z, Im z)``, on which Broyden's estimate is one of ``R^{2n}``.
     """
 
     forward_only: ClassVar[dict[str, Any]] = {
