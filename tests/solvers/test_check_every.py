@@ -103,6 +103,7 @@ def test_gradient_and_backward_statistics_equal_checking_every_step():
     want = grad(w, dq.BackwardStats.zeros(), 1)
     assert float(want[1].count) == B and float(want[1].num_steps) > 0
     _assert_same(grad(w, dq.BackwardStats.zeros(), 4), want)
+    _assert_same(grad(w, dq.BackwardStats.zeros(), "auto"), want)  # "auto" under grad: 1 here
 
 
 def _lowered(solver, platform):

@@ -18,8 +18,9 @@ must then be safe to run after ``cond_fun`` turned false and past ``max_steps`` 
 a problem that stopped keeps its fields frozen). ``k`` is capped at ``max_steps``, and resolved
 once per solve by :func:`steps_per_check`: ``"auto"`` is :data:`CHECK_EVERY_AUTO` of the platform
 the program is compiled for (:func:`jax.lax.platform_dependent`, chosen at lowering: no host
-synchronisation, and the same under ``jit``, ``vmap`` and ``grad``), 1 on a CPU, which reads the
-predicate where it computes it, and 4 elsewhere (BENCHMARKS.md, "Loop floor").
+synchronisation, and traced like any JAX function under ``jit``, ``vmap`` and the implicit
+gradient), 1 on a CPU, which reads the predicate where it computes it, and 4 elsewhere
+(BENCHMARKS.md, "Loop floor").
 
 Each of the ``k`` bodies computes exactly what the body of a ``k = 1`` loop computes, bit for bit:
 XLA must not fuse one body's arithmetic into the next (a multiply fused into the next body's add
