@@ -5,7 +5,6 @@ and two processes."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from deqjax._src.training.checkpoint_policies import SavePolicy
 from deqjax._src.training.run_policy import RunPolicy
 from deqjax._src.training.train_state import create_train_state
 from tests.helpers.checkpoint_worker import Position
+from tests.helpers.processes import free_port, run_together
 from tests.helpers.train_worker import REPO_ROOT, worker_env
 
 
@@ -428,21 +428,25 @@ def test_restore_or_claim_by_the_run_policy(tmp_path):
 
 
 def test_a_checkpoint_of_the_synchronous_checkpointer_still_resumes(tmp_path):
-    """deqjax 0.2's two items (state; meta with the position, layout and digest) read back."""
+    """deqjax 0.2's two items (state; meta with the position, layout and digest) read back; a
+    digest that does not match the bytes read is corruption."""
     import orbax.checkpoint as ocp
 
-    host = jax.device_get(_state(6))
-    meta = {"data": {"epoch": 1, "index": 2}, "config": {"lr": 1}}
-    meta |= {"__digest__": tree_digest(host), "__layout__": tree_layout(host)}
     options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
     with ocp.CheckpointManager(tmp_path, options=options, item_names=("state", "meta")) as m:
-        args = ocp.args.Composite(state=ocp.args.StandardSave(host), meta=ocp.args.JsonSave(meta))
-        m.save(6, args=args)
+        for step in (6, 7):
+            host = jax.device_get(_state(step))
+            meta = {"data": {"epoch": 1, "index": step}, "config": {"lr": 1}}
+            digest = tree_digest(host) if step == 6 else "0" * 64  # 7: changed bytes
+            meta |= {"__digest__": digest, "__layout__": tree_layout(host)}
+            state = ocp.args.StandardSave(host)
+            m.save(step, args=ocp.args.Composite(state=state, meta=ocp.args.JsonSave(meta)))
     with training.Checkpoints(tmp_path) as ckpt:
-        restored = ckpt.restore(template=_state(0))
-    assert restored.step == 6 and restored.data == {"epoch": 1, "index": 2}
+        with pytest.warns(UserWarning, match="7: content digest mismatch"):
+            restored = ckpt.restore(template=_state(0))
+    assert restored.step == 6 and restored.data == {"epoch": 1, "index": 6}
     assert restored.config == {"lr": 1}
-    _assert_equal(restored.state, host)
+    _assert_equal(restored.state, jax.device_get(_state(6)))
 
 
 # --- layouts and processes -----------------------------------------------------------------------
@@ -481,35 +485,15 @@ def test_a_pmap_checkpoint_keeps_each_devices_carry(tmp_path):
     assert again["carry"] == [[5.0] * 3, [6.0] * 3]  # device d's carry: seed + d
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_save_asynchronously_agree_on_sigterm_and_restore(tmp_path):
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.checkpoint_worker", "dist", tmp_path / "ckpt"]
-            + [tmp_path / f"p{i}.json", "--port", str(port), "--process_id", str(i)],
-            cwd=REPO_ROOT,
-            env=worker_env(1),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=240)
-            assert p.returncode == 0, err[-4000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    port = free_port()
+    worker = [sys.executable, "-m", "tests.helpers.checkpoint_worker", "dist", tmp_path / "ckpt"]
+    run_together(
+        [worker + [tmp_path / f"p{i}.json", "--port", port, "--process_id", i] for i in range(2)],
+        env=worker_env(1),
+        cwd=REPO_ROOT,
+    )
     r0, r1 = (json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2))
     assert (r0["process_index"], r1["process_index"]) == (0, 1)
     for r in (r0, r1):  # process 1 got the SIGTERM at step 6; both saved there and stopped
