@@ -63,8 +63,8 @@ ITEMS = ("state", "data", "meta")
 
 
 class Checkpoints:
-    """The checkpoints of a run under ``directory``: asynchronous saves by policy, keep-K,
-    verified resume (the module docstring says how).
+    """A run's checkpoints under ``directory``: saved asynchronously by policy (steps, minutes,
+    SIGTERM), the newest ``keep`` kept, the newest good one resumed (the module says how).
 
     In a run of several processes every process makes the same calls at the same steps (the
     decisions of :meth:`should_save` are agreed on), and ``directory`` is on a file system they
