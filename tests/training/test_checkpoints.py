@@ -362,10 +362,13 @@ def test_every_steps_and_every_minutes_through_save(tmp_path):
     with training.Checkpoints(tmp_path, every_steps=2, keep=10) as ckpt:
         saved = [s for s in range(1, 6) if ckpt.save(s, _state(s), Position(s))]
         assert saved == [2, 4]
-    with training.Checkpoints(tmp_path / "t", every_minutes=0.2 / 60, keep=10) as ckpt:
+    # The clock rule on the wall clock (its arithmetic: the test above, on a fake clock).
+    with training.Checkpoints(tmp_path / "t", every_minutes=1 / 60, keep=10) as ckpt:
         assert not ckpt.should_save(1)
-        time.sleep(0.3)
-        assert ckpt.save(2, _state(2), Position(2)) and not ckpt.save(3, _state(3), Position(3))
+        time.sleep(1.1)
+        assert ckpt.save(2, _state(2), Position(2))
+        ckpt.wait()
+        assert ckpt.all_steps() == [2]
 
 
 def test_sigterm_asks_for_a_save_and_a_stop(tmp_path):
@@ -383,6 +386,10 @@ def test_sigterm_asks_for_a_save_and_a_stop(tmp_path):
         assert installed is not None and installed.__name__ == "<lambda>"  # put back
         ignored = training.Checkpoints(tmp_path / "off", on_preemption=False)
         assert signal.getsignal(signal.SIGTERM) is installed
+        ignored.preemption_requested = True  # another notice than a SIGTERM
+        assert ignored.preemption_requested and ignored.should_save(3)
+        ignored.preemption_requested = False
+        assert not ignored.preemption_requested and not ignored.should_save(4)
         ignored.close()
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -31,7 +31,8 @@ class SavePolicy:
       every_minutes: save when this long (wall clock) has passed since the last save, or since
         :meth:`restart` (None: no clock rule).
       on_preemption: install a SIGTERM handler (:meth:`install`) that asks for a save at the next
-        decision; :attr:`preemption_requested` then tells the loop to stop after it.
+        decision; :attr:`preemption_requested` then tells the loop to stop after it (setting it
+        asks the same, with or without the handler).
       clock: seconds, monotonic (a test's fake clock).
 
     Raises:
@@ -68,6 +69,13 @@ class SavePolicy:
         last :meth:`due`)."""
         return self._signalled if jax.process_count() == 1 else self._agreed
 
+    @preemption_requested.setter
+    def preemption_requested(self, value: bool) -> None:
+        # As the handler does (e.g. on a cluster's own preemption notice): agreed at the next
+        # decision. False withdraws a request not yet agreed on.
+        self._signalled = bool(value)
+        self._agreed = self._agreed and bool(value)
+
     def install(self) -> None:
         """Installs the SIGTERM handler (with ``on_preemption``, main thread only; elsewhere
         nothing is installed). A handler installed before it is still called after it."""
@@ -99,7 +107,7 @@ class SavePolicy:
             self.every_minutes is not None
             and self._clock() - self._last_save >= 60.0 * self.every_minutes
         )
-        preempted = self.on_preemption and self._signalled
+        preempted = self._signalled  # by the handler (on_preemption) or set by the caller
         if jax.process_count() > 1 and (self.every_minutes is not None or self.on_preemption):
             by_clock, preempted = _agree(by_clock, preempted)
         self._agreed = preempted

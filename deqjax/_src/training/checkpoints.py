@@ -133,8 +133,13 @@ class Checkpoints:
 
     @property
     def preemption_requested(self) -> bool:
-        """A SIGTERM arrived (several processes: at any of them, agreed at :meth:`should_save`)."""
+        """A SIGTERM arrived (several processes: at any of them, agreed at :meth:`should_save`).
+        Settable: ``True`` asks for a save and a stop as a SIGTERM does (e.g. on another notice)."""
         return self._policy.preemption_requested
+
+    @preemption_requested.setter
+    def preemption_requested(self, value: bool) -> None:
+        self._policy.preemption_requested = value
 
     def path(self, step: int) -> str:
         """The folder of the checkpoint of ``step``."""
