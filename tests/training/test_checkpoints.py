@@ -411,16 +411,18 @@ def test_a_nonfinite_state_is_never_saved(tmp_path):
 def test_restore_or_claim_by_the_run_policy(tmp_path):
     pmap = training.data_parallel("pmap")
     fresh = jax.device_get(_state(0))
-    with pytest.raises(training.RestoreError, match="no checkpoint to resume"):
-        training.Checkpoints(tmp_path).restore_or_claim(fresh, Position(), RunPolicy(True), pmap)
+    with training.Checkpoints(tmp_path) as ckpt:
+        with pytest.raises(training.RestoreError, match="no checkpoint to resume"):
+            ckpt.restore_or_claim(fresh, Position(), RunPolicy(True), pmap)
     assert os.listdir(tmp_path) == []  # nothing written or renamed
     with training.Checkpoints(tmp_path) as ckpt:
         state, step = ckpt.restore_or_claim(fresh, Position(), RunPolicy(), pmap)
         assert step is None and state is fresh
         placed = pmap.put(jax.device_get(_state(4)), training.STATE_KINDS)
         ckpt.save(4, placed, Position(9), force=True)  # the placed (pmap) state: saveable
-    with pytest.raises(FileExistsError, match=r"earlier run \(steps \[4\]\)"):
-        training.Checkpoints(tmp_path).restore_or_claim(fresh, Position(), RunPolicy(), pmap)
+    with training.Checkpoints(tmp_path) as ckpt:
+        with pytest.raises(FileExistsError, match=r"earlier run \(steps \[4\]\)"):
+            ckpt.restore_or_claim(fresh, Position(), RunPolicy(), pmap)
     assert os.listdir(tmp_path) == ["4"]
     said, data = [], Position()
     with training.Checkpoints(tmp_path) as ckpt:
@@ -430,8 +432,9 @@ def test_restore_or_claim_by_the_run_policy(tmp_path):
     with training.Checkpoints(tmp_path) as ckpt:
         assert ckpt.restore_or_claim(fresh, data, RunPolicy(overwrite=True), pmap)[1] is None
         assert ckpt.all_steps() == []
-    with pytest.raises(ValueError, match="contradict"):
-        training.Checkpoints(tmp_path).restore_or_claim(fresh, data, RunPolicy(True, True), pmap)
+    with training.Checkpoints(tmp_path) as ckpt:
+        with pytest.raises(ValueError, match="contradict"):
+            ckpt.restore_or_claim(fresh, data, RunPolicy(True, True), pmap)
 
 
 def test_a_checkpoint_of_the_synchronous_checkpointer_still_resumes(tmp_path):
