@@ -17,9 +17,10 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import adjoints, tree
 from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src import precision as precision_lib
+from deqjax._src import tree
+from deqjax._src.adjoints.base import Adjoint
 from deqjax._src.nn import deq as deq_lib
 from deqjax._src.normalise import as_solver
 from deqjax._src.solvers.anderson import Anderson
@@ -70,7 +71,7 @@ class DEQSettings:
         if self.eval_solver is not None:
             eval_solver = as_solver(self.eval_solver, name="eval_solver")
             object.__setattr__(self, "eval_solver", eval_solver)
-        if self.adjoint is not None and not isinstance(self.adjoint, adjoints.Adjoint):
+        if self.adjoint is not None and not isinstance(self.adjoint, Adjoint):
             raise ValueError(f"adjoint must be a deqjax adjoint object, got {self.adjoint!r}.")
         if self.regularizer is not None and not isinstance(
             self.regularizer, jr_lib.JacobianRegularizer

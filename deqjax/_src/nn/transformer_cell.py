@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks
+from deqjax._src.cells import relative_attention as rel_attn
 from deqjax._src.nn import norms, variational_dropout, weight_norm
-from deqjax._src.nn import relative_attention as rel_attn
 from deqjax._src.nn.per_forward import per_forward
 
 Initializer = Any  # hk.initializers.Initializer or any (shape, dtype) -> array callable
