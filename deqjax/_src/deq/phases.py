@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, Protocol
 import jax
 
 from deqjax._src import precision as precision_lib
+from deqjax._src.normalise import accepts_keyword
 
 PyTree = Any
 
@@ -93,3 +94,35 @@ class ModuleCell(NamedTuple):
     def apply(self, params: Any, x: PyTree, z: PyTree, key: jax.Array | None) -> PyTree:
         """One evaluation ``f(z)`` on its own (its ``ctx`` recomputed)."""
         return self.step((params, self.prepare(params, key, x, z)), (x, key), z)
+
+
+class ModuleCall(NamedTuple):
+    """How a front-end's DEQ calls its cell module, read once from the module.
+
+    Attributes:
+      phased: the module has ``prepare`` and ``step`` methods.
+      pass_key: its entry (``prepare``, else the call) accepts ``key=``.
+      flag: the train/eval keyword of the framework (``"deterministic"``, ``"inference"``) when
+        the entry accepts it, else ``None``.
+    """
+
+    phased: bool
+    pass_key: bool
+    flag: str | None
+
+    @classmethod
+    def of(cls, cell: Any, flag: str) -> ModuleCall:
+        """What ``cell`` takes, ``flag`` being the framework's train/eval keyword."""
+        phased = hasattr(cell, "prepare") and hasattr(cell, "step")
+        entry = cell.prepare if phased else cell
+        return cls(
+            phased, accepts_keyword(entry, "key"), flag if accepts_keyword(entry, flag) else None
+        )
+
+    def cell(
+        self, bind: Callable[[Any], Any], flag_value: bool, precision: str | None
+    ) -> ModuleCell:
+        """The :class:`ModuleCell` of a pass: the module rebuilt by ``bind``, the train/eval
+        keyword set to ``flag_value``, at ``precision``."""
+        flags = () if self.flag is None else ((self.flag, flag_value),)
+        return ModuleCell(bind, self.phased, flags, self.pass_key, precision)
