@@ -123,3 +123,40 @@ def diagnostics(
         "jac_frobenius_sq_per_dim": f32(fro_sq),
         "spectral_radius": f32(rho),
     }
+
+
+def module_fns(
+    model: Callable[[Any, jax.Array], Any],
+    init: Callable[[jax.Array, jax.Array], Any],
+    *,
+    regularizer: jr_lib.JacobianRegularizer | None,
+    backward_solver: Solver | None,
+    probes: int,
+    power_steps: int,
+) -> ClassifierFns:
+    """The :class:`ClassifierFns` of a classifier module of NNX or Equinox: ``model(params,
+    images)`` rebuilds the module around ``params`` (``init(key, images)`` made them); the module
+    maps ``images`` to ``(logits, DEQOutput)`` and has a ``logits(z)`` head."""
+
+    def loss_fn(params, images, labels, key, gamma, step):
+        logits, out = model(params, images)(images)
+        return loss(logits, labels, out, regularizer, key, gamma, step)
+
+    def evaluate_fn(params, images, labels):
+        logits, out = model(params, images)(images)
+        return evaluate(logits, labels, out.solution)
+
+    def diagnostics_fn(params, images, labels, key):
+        module = model(params, images)
+        _, out = module(images)
+        return diagnostics(
+            out,
+            module.logits,
+            labels,
+            key,
+            backward_solver=backward_solver,
+            probes=probes,
+            power_steps=power_steps,
+        )
+
+    return ClassifierFns(init, loss_fn, evaluate_fn, diagnostics_fn)

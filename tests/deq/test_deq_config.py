@@ -11,9 +11,13 @@ from deqjax._src.deq.deq_config import ANDERSON, checked_config
 from deqjax._src.deq.phases import ModuleCall
 
 SETTINGS = dict(
-    solver=ANDERSON, adjoint=None, eval_solver=None, per_example=True, init_state=None,
+    solver=ANDERSON,
+    adjoint=None,
+    eval_solver=None,
+    per_example=True,
+    init_state=None,
     precision=None,
-)  # fmt: skip
+)
 
 
 def config(**kw):

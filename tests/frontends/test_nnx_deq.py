@@ -168,7 +168,9 @@ def test_bad_settings_raise_naming_the_argument():
     ]:
         with pytest.raises(ValueError, match=name):
             dq.nnx.DEQ(cell, **kw)
-    with pytest.raises(ValueError, match="cell"):
+    with pytest.raises(ValueError, match="cell must be callable"):
         dq.nnx.DEQ("not a cell")
+    with pytest.raises(ValueError, match="cell must be a flax.nnx.Module"):
+        dq.nnx.DEQ(lambda z, x: z)
     with pytest.raises(ValueError, match="form"):
         dq.nnx.MLPCell(DX, D, form="deep", rngs=nnx.Rngs(0))

@@ -103,6 +103,31 @@ def init(
     return params
 
 
+def build(
+    key: jax.Array,
+    in_features: int,
+    features: int,
+    *,
+    activation: Callable[[jax.Array], jax.Array],
+    dropout_rate: float,
+    **settings: Any,
+) -> tuple[Params, float]:
+    """A front-end cell's construction: the settings checked (:func:`check_settings`, and
+    positive ``in_features``, ``features``), then ``(init(key, ...), dropout_rate)``; ``settings``
+    are :func:`init`'s keywords."""
+    checks.check_positive_int(in_features, "in_features")
+    checks.check_positive_int(features, "features")
+    initializers = {name: settings.get(name) for name in ("w_init", "u_init")}
+    rate = check_settings(
+        settings.get("hidden_size"),
+        settings.get("form", "resnet"),
+        activation,
+        dropout_rate,
+        initializers,
+    )
+    return init(key, in_features, features, **settings), rate
+
+
 def injection(params: Params, x: jax.Array) -> jax.Array:
     """``u = x U + b``: ``[B, D]`` (``[B, H]`` for ``"two_layer"``)."""
     u = x.astype(params["U"].dtype) @ params["U"]

@@ -101,6 +101,44 @@ def check_settings(
     return d_ff, layers.check_rate(dropout, "dropout")
 
 
+def build(
+    key: jax.Array,
+    in_features: int,
+    d_model: int,
+    *,
+    num_heads: int,
+    d_ff: int | None,
+    dropout: float,
+    pre_ln: bool,
+    weight_norm: bool,
+    dtype: Any,
+    **initializers: Any,
+) -> tuple[Params, float]:
+    """A front-end cell's construction: the settings checked (:func:`check_settings`, and a
+    positive ``in_features``), then ``(init(key, ...), dropout)``; ``initializers`` by name."""
+    checks.check_positive_int(in_features, "in_features")
+    d_ff, dropout = check_settings(
+        d_model,
+        num_heads,
+        d_ff,
+        dropout,
+        pre_ln=pre_ln,
+        weight_norm=weight_norm,
+        initializers=initializers,
+    )
+    params = init(
+        key,
+        in_features,
+        d_model,
+        num_heads=num_heads,
+        d_ff=d_ff,
+        weight_norm=weight_norm,
+        dtype=dtype,
+        **initializers,
+    )
+    return params, dropout
+
+
 def split_input(x: jax.Array | TransformerInput) -> tuple[jax.Array, jax.Array | None]:
     """``(inputs [B, T, Dx], mems [B, M, D] or None)`` of a cell's input."""
     return (x.x, x.mems) if isinstance(x, TransformerInput) else (x, None)

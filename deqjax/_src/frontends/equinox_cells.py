@@ -93,24 +93,21 @@ class MLPCell(_DropoutCell):
         inference: bool = False,
         key: jax.Array,
     ):
-        checks.check_positive_int(in_features, "in_features")
-        self.features = checks.check_positive_int(features, "features")
-        initializers = {"w_init": w_init, "u_init": u_init}
-        self.dropout_rate = mlp.check_settings(
-            hidden_features, form, activation, dropout_rate, initializers
-        )
-        self.form, self.activation = form, activation
+        self.features, self.form, self.activation = features, form, activation
         self.inference = checks.check_bool(inference, "inference")
-        self.params = mlp.init(
+        self.params, self.dropout_rate = mlp.build(
             key,
             in_features,
             features,
             hidden_size=hidden_features,
             form=form,
+            activation=activation,
+            w_init=w_init,
+            u_init=u_init,
             with_bias=with_bias,
             weight_norm=weight_norm,
+            dropout_rate=dropout_rate,
             dtype=dtype,
-            **initializers,
         )
 
     def initial_state(self, x: jax.Array) -> jax.Array:
@@ -173,28 +170,21 @@ class TransformerCell(_DropoutCell):
         inference: bool = False,
         key: jax.Array,
     ):
-        checks.check_positive_int(in_features, "in_features")
-        initializers = dict(w_init=w_init, attn_w_init=attn_w_init, inject_w_init=inject_w_init)
-        d_ff, self.dropout = transformer.check_settings(
-            d_model,
-            num_heads,
-            d_ff,
-            dropout,
-            pre_ln=pre_ln,
-            weight_norm=weight_norm,
-            initializers=initializers,
-        )
         self.d_model, self.num_heads, self.pre_ln = d_model, num_heads, pre_ln
         self.inference = checks.check_bool(inference, "inference")
-        self.params = transformer.init(
+        self.params, self.dropout = transformer.build(
             key,
             in_features,
             d_model,
             num_heads=num_heads,
             d_ff=d_ff,
+            dropout=dropout,
+            pre_ln=pre_ln,
             weight_norm=weight_norm,
             dtype=dtype,
-            **initializers,
+            w_init=w_init,
+            attn_w_init=attn_w_init,
+            inject_w_init=inject_w_init,
         )
 
     def initial_state(self, x: jax.Array | TransformerInput) -> jax.Array:

@@ -144,25 +144,11 @@ def classifier_fns(
     def init(key: jax.Array, images: jax.Array) -> Any:
         return eqx.partition(make_model(objective.flat_width(images), key), eqx.is_array)[0]
 
-    def loss(params, images, labels, key, gamma, step):
-        logits, out = model(params, images)(images)
-        return objective.loss(logits, labels, out, regularizer, key, gamma, step)
-
-    def evaluate(params, images, labels):
-        logits, out = model(params, images)(images)
-        return objective.evaluate(logits, labels, out.solution)
-
-    def diagnostics(params, images, labels, key):
-        m = model(params, images)
-        _, out = m(images)
-        return objective.diagnostics(
-            out,
-            m.logits,
-            labels,
-            key,
-            backward_solver=backward_solver,
-            probes=diag_probes,
-            power_steps=diag_power_steps,
-        )
-
-    return ClassifierFns(init, loss, evaluate, diagnostics)
+    return objective.module_fns(
+        model,
+        init,
+        regularizer=regularizer,
+        backward_solver=backward_solver,
+        probes=diag_probes,
+        power_steps=diag_power_steps,
+    )

@@ -113,24 +113,21 @@ class MLPCell(_DropoutCell):
         deterministic: bool = False,
         rngs: nnx.Rngs,
     ):
-        checks.check_positive_int(in_features, "in_features")
-        self.features = checks.check_positive_int(features, "features")
-        initializers = {"w_init": w_init, "u_init": u_init}
-        self.dropout_rate = mlp.check_settings(
-            hidden_features, form, activation, dropout_rate, initializers
-        )
-        self.form, self.activation, self.dtype = form, activation, dtype
+        self.features, self.form, self.activation, self.dtype = features, form, activation, dtype
         self.deterministic = checks.check_bool(deterministic, "deterministic")
-        values = mlp.init(
+        values, self.dropout_rate = mlp.build(
             rngs.params(),
             in_features,
             features,
             hidden_size=hidden_features,
             form=form,
+            activation=activation,
+            w_init=w_init,
+            u_init=u_init,
             with_bias=with_bias,
             weight_norm=weight_norm,
+            dropout_rate=dropout_rate,
             dtype=param_dtype,
-            **initializers,
         )
         self.params = _as_params(values)
 
@@ -192,28 +189,21 @@ class TransformerCell(_DropoutCell):
         deterministic: bool = False,
         rngs: nnx.Rngs,
     ):
-        checks.check_positive_int(in_features, "in_features")
-        initializers = dict(w_init=w_init, attn_w_init=attn_w_init, inject_w_init=inject_w_init)
-        d_ff, self.dropout = transformer.check_settings(
-            d_model,
-            num_heads,
-            d_ff,
-            dropout,
-            pre_ln=pre_ln,
-            weight_norm=weight_norm,
-            initializers=initializers,
-        )
         self.d_model, self.num_heads, self.pre_ln, self.dtype = d_model, num_heads, pre_ln, dtype
         self.deterministic = checks.check_bool(deterministic, "deterministic")
-        values = transformer.init(
+        values, self.dropout = transformer.build(
             rngs.params(),
             in_features,
             d_model,
             num_heads=num_heads,
             d_ff=d_ff,
+            dropout=dropout,
+            pre_ln=pre_ln,
             weight_norm=weight_norm,
             dtype=param_dtype,
-            **initializers,
+            w_init=w_init,
+            attn_w_init=attn_w_init,
+            inject_w_init=inject_w_init,
         )
         self.params = _as_params(values)
 

@@ -81,8 +81,8 @@ class DEQ(nnx.Module):
       rngs: where the training passes draw their key (stream ``"dropout"``), or ``None``.
 
     Raises:
-      ValueError: for the settings ``dq.nn.DEQ`` refuses, a non-bool ``deterministic``, or
-        ``rngs`` that is not an ``nnx.Rngs``/``nnx.RngStream``.
+      ValueError: for the settings ``dq.nn.DEQ`` refuses, a cell that is not an ``nnx.Module``,
+        a non-bool ``deterministic``, or ``rngs`` that is not an ``nnx.Rngs``/``nnx.RngStream``.
 
     Example:
       >>> cell = deqjax.nnx.MLPCell(784, 128, rngs=nnx.Rngs(0))
@@ -103,6 +103,11 @@ class DEQ(nnx.Module):
         deterministic: bool = False,
         rngs: nnx.Rngs | nnx.RngStream | None = None,
     ):
+        if callable(cell) and not isinstance(cell, nnx.Module):
+            raise ValueError(
+                f"cell must be a flax.nnx.Module (its parameters are the DEQ's), got "
+                f"{type(cell).__name__}."
+            )
         self.config = checked_config(
             cell,
             solver=solver,
