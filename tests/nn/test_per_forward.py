@@ -69,7 +69,8 @@ def _solver_loop_primitives(weight_norm):
         return nn.VariationalDropout(0.2)(h, is_training=is_training)
 
     def forward(x):
-        solver = functools.partial(dq.solvers.fixed_point_iteration, max_steps=5)
+        # check_every=1: one body per loop iteration ("auto" traces each platform's chunk).
+        solver = functools.partial(dq.solvers.fixed_point_iteration, max_steps=5, check_every=1)
         return nn.DEQ(cell, solver=solver, per_example=False)(x)[0]
 
     t = hk.transform(forward)

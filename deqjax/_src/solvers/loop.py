@@ -44,8 +44,8 @@ import jax.numpy as jnp
 LOOP_KINDS = ("while", "scan", "python")
 
 # check_every="auto": the steps between two reads of the stopping rule on the platform the solve is
-# compiled for; CHECK_EVERY_AUTO_DEFAULT on a platform not named. 4 on accelerators: of the 4 and
-# 8 measured on an H200 (BENCHMARKS.md, "Loop floor") the one that wastes fewer whole-batch
+# compiled for; CHECK_EVERY_AUTO_DEFAULT on a platform not named. 4 on accelerators: of the
+# values measured (BENCHMARKS.md, "Loop floor") the one that wastes fewer whole-batch
 # evaluations after the last problem stopped (at most k - 1).
 CHECK_EVERY_AUTO = {"cpu": 1}
 CHECK_EVERY_AUTO_DEFAULT = 4

@@ -3,9 +3,8 @@
 A solver judges its iterates by the residuals it computes from ``f`` as ``f`` is traced: with
 float32 products at reduced precision (JAX's default on GPUs: TF32, operands rounded to 10
 mantissa bits; ``precision=`` of ``dq.fixed_point``) those residuals carry the rounding of the
-products, and a tolerance below it is "met" by noise. On an H200 at JAX's default precision,
-Anderson reported 128 of 128 examples of a tanh layer converged at a relative tolerance of 1e-4;
-recomputed in float64, every one of them was at 3.6e-4 (BENCHMARKS.md, "Honest numbers").
+products, and a tolerance below it is "met" by noise: solves reported converged that, recomputed
+in float64, are not (BENCHMARKS.md, "Honest numbers").
 
 So where ``f`` runs at reduced precision (:func:`deqjax._src.precision.full_twin` tells, at trace
 time, from the precision of the cell and the ambient setting), :func:`verified` evaluates ``f``
@@ -82,8 +81,7 @@ def warn_once(tol: float, stop_mode: str, precision: str, backend: str) -> None:
     warnings.warn(
         f"tol={tol:g} (stop_mode={stop_mode!r}) is below the rounding of float32 products at "
         f"matmul precision {precision!r} on {backend} (about {floor:.1e} relative per "
-        "product): solves may stop at that floor (a tanh layer at d=512 on an H200: relative "
-        "residuals of 3.6e-4 at tol=1e-4). deqjax checks each solve with one full-precision "
+        "product): solves may stop at that floor. deqjax checks each solve with one full-precision "
         "evaluation of f, so those report status PRECISION_FLOOR and their full-precision "
         "residuals. To reach tol, pass precision='highest' (dq.fixed_point, dq.nn.DEQ) or set "
         "jax.config.update('jax_default_matmul_precision', 'highest'); or raise tol.",
