@@ -98,17 +98,12 @@ def fixed_point(
     ``batch_ndim`` is carried to the backward solver) and the parameter VJP is taken once for the
     batch, with no per-example parameter cotangents.
 
-    Called eagerly (no ``jax.jit`` of the caller's around it, possibly under an eager ``grad``
-    or ``vmap``) the whole solve runs as one compiled program from a cache of at most
-    ``deqjax._src.compiled.MAX_ENTRIES`` programs (least recently used dropped), keyed by ``f``
-    (its code, defaults and the Python values it closes over or reads as globals; the arrays
-    among them are operands of the program, so new values of the same shapes reuse it), the
-    normalised ``solver`` and ``adjoint`` (they compare by value), ``has_aux`` and the
-    arguments' structure, shapes and dtypes: a repeated eager call, or a fresh ``lambda`` with
-    the same code, compiles nothing. ``f`` is then traced once per program, not run per call.
-    Inside a trace that stages out (``jit``, ``scan``, ``pmap``, ``eval_shape``) the solve is
-    traced inline, as always; an ``f`` that cannot be keyed (e.g. it closes over an unhashable
-    value or a plain object holding arrays) or traced with abstract values runs un-jitted.
+    Called eagerly (no ``jax.jit`` around it), the whole solve runs as one compiled program from
+    a bounded cache keyed by ``f``'s code and the values it reads (arrays as operands, other
+    values by their contents), the solver, the adjoint and the arguments' shapes and dtypes: a
+    repeated eager call compiles nothing (design note, "The compiled entry"). Inside a staging
+    trace (``jit``, ``scan``, ``pmap``) the solve is traced inline; an ``f`` that cannot be
+    keyed runs un-jitted, with one warning naming the value.
 
     Args:
       f: the cell ``f(params, x, z) -> z``, positional; every array it depends on must be passed

@@ -134,11 +134,9 @@ def train_step(
 
     Raises:
       ValueError: if ``loss_fn`` or ``update_reg_state`` is not callable.
-
     Example:
       >>> pair = train_step(loss_fn, optax.adam(1e-3), axis_name=None)
-      >>> state = pair.init(params, jax.random.PRNGKey(0))
-      >>> state, metrics = jax.jit(pair.update)(state, batch)
+      >>> state, metrics = jax.jit(pair.update)(pair.init(params, jax.random.PRNGKey(0)), batch)
     """
     if not callable(loss_fn):
         raise ValueError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
