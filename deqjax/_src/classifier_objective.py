@@ -21,7 +21,7 @@ import optax
 from deqjax._src import jacobian as jacobian_lib
 from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src.deq.deq_output import DEQOutput
-from deqjax._src.solvers.base import Solver
+from deqjax._src.normalise import as_solver
 from deqjax._src.solvers.solution import CONVERGED, Solution
 from deqjax._src.solvers.summary import summarize
 
@@ -98,7 +98,7 @@ def diagnostics(
     labels: jax.Array,
     key: jax.Array,
     *,
-    backward_solver: Solver | None,
+    backward_solver: Any,
     probes: int,
     power_steps: int,
 ) -> dict[str, jax.Array]:
@@ -130,13 +130,20 @@ def module_fns(
     init: Callable[[jax.Array, jax.Array], Any],
     *,
     regularizer: jr_lib.JacobianRegularizer | None,
-    backward_solver: Solver | None,
+    backward_solver: Any,
     probes: int,
     power_steps: int,
 ) -> ClassifierFns:
     """The :class:`ClassifierFns` of a classifier module of NNX or Equinox: ``model(params,
     images)`` rebuilds the module around ``params`` (``init(key, images)`` made them); the module
-    maps ``images`` to ``(logits, DEQOutput)`` and has a ``logits(z)`` head."""
+    maps ``images`` to ``(logits, DEQOutput)`` and has a ``logits(z)`` head. ``backward_solver``
+    is any solver ``as_solver`` takes (``None``: the adjoint's).
+
+    Raises:
+      ValueError: for a ``backward_solver`` that is not a solver.
+    """
+    if backward_solver is not None:
+        backward_solver = as_solver(backward_solver, name="backward_solver")
 
     def loss_fn(params, images, labels, key, gamma, step):
         logits, out = model(params, images)(images)

@@ -142,7 +142,9 @@ def _describe_function(fn: types.FunctionType, walk: Walk) -> Function:
         walk.visiting.discard(id(fn))
     reads = tuple(reads)
     n = count(defaults or (), tuple(d for _, d in kwdefaults), cells, tuple(d for _, d in reads))
-    return Function(code, Identity(namespace), defaults, kwdefaults, cells, reads, n, bare(fn, n))
+    return Function(
+        code, Identity(namespace), defaults, kwdefaults, cells, reads, n=n, proto=bare(fn, n)
+    )
 
 
 def _describe_cell(name: str, cell: types.CellType, walk: Walk) -> Any:
@@ -158,7 +160,7 @@ def _describe_partial(value: functools.partial, walk: Walk) -> Partial:
     args = tuple(walk.labelled(f".args[{i}]", a) for i, a in enumerate(value.args))
     kw = tuple((k, walk.labelled(k, v)) for k, v in sorted(value.keywords.items()))
     n = count((func,), args, tuple(d for _, d in kw))
-    return Partial(func, args, kw, n, proto=None if n else value)
+    return Partial(func, args, kw, n=n, proto=None if n else value)
 
 
 def _describe(value: Any, walk: Walk) -> Any:
@@ -179,7 +181,7 @@ def _describe(value: Any, walk: Walk) -> Any:
         func = walk.labelled(".__func__", value.__func__)
         obj = walk.labelled(".__self__", value.__self__)
         n = func.n + obj.n
-        return Method(func, obj, n, proto=None if n else value)
+        return Method(func, obj, n=n, proto=None if n else value)
     if isinstance(value, (types.ModuleType, type)):
         return object_contents.describe_namespace(value, walk)
     leaves, treedef = jax.tree_util.tree_flatten(value)
@@ -192,7 +194,7 @@ def _describe(value: Any, walk: Walk) -> Any:
     classes = tuple(walk.labelled(f"<{k.__qualname__}>", k) for k in kinds)
     described = tuple(walk.labelled(f"[{i}]", leaf) for i, leaf in enumerate(leaves))
     n = count(described)
-    return Tree(treedef, classes, described, n, proto=None if n else value)
+    return Tree(treedef, classes, described, n=n, proto=None if n else value)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -191,8 +191,24 @@ def count(*groups: tuple) -> int:
     return sum(d.n for group in groups for d in group)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rebuilt:
+    """A description that may hold arrays: ``n`` of them, and ``proto``, its value as found (a
+    copy without its arrays when ``n > 0``). :meth:`build` returns ``proto`` when ``n == 0``, else
+    the value rebuilt around the operands (:meth:`rebuild`)."""
+
+    n: int
+    proto: Any = dataclasses.field(compare=False, repr=False)
+
+    def build(self, ops: Iterator[Any]) -> Any:
+        return self.rebuild(ops) if self.n else self.proto
+
+    def rebuild(self, ops: Iterator[Any]) -> Any:
+        raise NotImplementedError
+
+
 @dataclasses.dataclass(frozen=True)
-class Function:
+class Function(Rebuilt):
     """A Python function: code, global namespace (by identity), defaults, closure cells and the
     globals its code reads."""
 
@@ -202,13 +218,9 @@ class Function:
     kwdefaults: tuple  # ((name, description), ...)
     cells: tuple
     reads: tuple  # ((global name, description), ...)
-    n: int
-    proto: Callable = dataclasses.field(compare=False, repr=False)
 
-    def build(self, ops: Iterator[Any]) -> Callable:
+    def rebuild(self, ops: Iterator[Any]) -> Callable:
         proto = self.proto
-        if not self.n:
-            return proto
         defaults = None if self.defaults is None else tuple(built(self.defaults, ops))
         kwdefaults = {k: d.build(ops) for k, d in self.kwdefaults} or None
         cells = tuple(
@@ -239,56 +251,44 @@ def bare(fn: types.FunctionType, n: int) -> types.FunctionType:
 
 
 @dataclasses.dataclass(frozen=True)
-class Partial:
+class Partial(Rebuilt):
     """A ``functools.partial``."""
 
     func: Any
     args: tuple
     keywords: tuple  # ((name, description), ...)
-    n: int
-    proto: Any = dataclasses.field(compare=False, repr=False)
 
-    def build(self, ops: Iterator[Any]) -> Callable:
-        if not self.n:
-            return self.proto
+    def rebuild(self, ops: Iterator[Any]) -> Callable:
         func, args = self.func.build(ops), built(self.args, ops)
         return functools.partial(func, *args, **{k: d.build(ops) for k, d in self.keywords})
 
 
 @dataclasses.dataclass(frozen=True)
-class Method:
+class Method(Rebuilt):
     """A bound method: its function and its object."""
 
     func: Any
     obj: Any
-    n: int
-    proto: types.MethodType = dataclasses.field(compare=False, repr=False)
 
-    def build(self, ops: Iterator[Any]) -> Callable:
-        if not self.n:
-            return self.proto
+    def rebuild(self, ops: Iterator[Any]) -> Callable:
         return types.MethodType(self.func.build(ops), self.obj.build(ops))
 
 
 @dataclasses.dataclass(frozen=True)
-class Tree:
+class Tree(Rebuilt):
     """A pytree node (a tuple, a dict, an Equinox module, ...): its structure, the user's classes
     among its nodes (described) and its leaves."""
 
     treedef: Any
     classes: tuple
     leaves: tuple
-    n: int
-    proto: Any = dataclasses.field(compare=False, repr=False)
 
-    def build(self, ops: Iterator[Any]) -> Any:
-        if not self.n:
-            return self.proto
+    def rebuild(self, ops: Iterator[Any]) -> Any:
         return jax.tree_util.tree_unflatten(self.treedef, built(self.leaves, ops))
 
 
 @dataclasses.dataclass(frozen=True)
-class HaikuModule:
+class HaikuModule(Rebuilt):
     """A Haiku module instance, by its class, its full name and the attributes its class sets (a
     new instance per ``apply`` of the same model is the same key); its arrays are operands (it is
     rebuilt as a copy holding them)."""
@@ -296,12 +296,8 @@ class HaikuModule:
     kind: Any  # the class's description
     name: str  # ``module_name``: the scope of its parameters' names
     items: tuple  # ((attribute, description), ...)
-    n: int
-    proto: Any = dataclasses.field(compare=False, repr=False)
 
-    def build(self, ops: Iterator[Any]) -> Any:
-        if not self.n:
-            return self.proto
+    def rebuild(self, ops: Iterator[Any]) -> Any:
         obj = copy.copy(self.proto)
         for name, d in self.items:
             object.__setattr__(obj, name, d.build(ops))

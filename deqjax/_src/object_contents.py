@@ -293,4 +293,4 @@ def describe_haiku_module(obj: Any, walk: Walk, hk: types.ModuleType) -> HaikuMo
         for k, d in items:
             if d.n:
                 object.__setattr__(obj, k, None)
-    return HaikuModule(kind, obj.module_name, items, n, proto=obj)
+    return HaikuModule(kind, obj.module_name, items, n=n, proto=obj)

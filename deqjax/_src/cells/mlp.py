@@ -17,7 +17,7 @@ injection, the normalised weights, the dropout mask); :func:`step` is one evalua
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -103,6 +103,30 @@ def init(
     return params
 
 
+class Phases(NamedTuple):
+    """A built cell's two phases over its parameters (:func:`prepare` once per forward pass,
+    :func:`step` per evaluation), with the settings they read: hashable, for a front-end's
+    static field."""
+
+    features: int
+    form: str
+    activation: Callable[[jax.Array], jax.Array]
+    dropout_rate: float
+
+    def initial_state(self, x: jax.Array, dtype: Any = None) -> jax.Array:
+        """Zeros ``[B, features]`` in ``dtype`` (``None``: ``x``'s)."""
+        return jnp.zeros((x.shape[0], self.features), dtype or x.dtype)
+
+    def prepare(self, params: Params, x: jax.Array, *, training: bool, key: Any = None) -> dict:
+        """:func:`prepare`, with dropout only when ``training``."""
+        rate = self.dropout_rate if training else 0.0
+        return prepare(params, x, form=self.form, dropout_rate=rate, key=key)
+
+    def step(self, params: Params, ctx: dict[str, Any], z: jax.Array) -> jax.Array:
+        """:func:`step`."""
+        return step(params, ctx, z, form=self.form, activation=self.activation)
+
+
 def build(
     key: jax.Array,
     in_features: int,
@@ -111,21 +135,17 @@ def build(
     activation: Callable[[jax.Array], jax.Array],
     dropout_rate: float,
     **settings: Any,
-) -> tuple[Params, float]:
+) -> tuple[Params, Phases]:
     """A front-end cell's construction: the settings checked (:func:`check_settings`, and
-    positive ``in_features``, ``features``), then ``(init(key, ...), dropout_rate)``; ``settings``
-    are :func:`init`'s keywords."""
+    positive ``in_features``, ``features``), then ``(init(key, ...), its Phases)``;
+    ``settings`` are :func:`init`'s keywords."""
     checks.check_positive_int(in_features, "in_features")
     checks.check_positive_int(features, "features")
     initializers = {name: settings.get(name) for name in ("w_init", "u_init")}
-    rate = check_settings(
-        settings.get("hidden_size"),
-        settings.get("form", "resnet"),
-        activation,
-        dropout_rate,
-        initializers,
-    )
-    return init(key, in_features, features, **settings), rate
+    form = settings.get("form", "resnet")
+    rate = check_settings(settings.get("hidden_size"), form, activation, dropout_rate, initializers)
+    params = init(key, in_features, features, **settings)
+    return params, Phases(features, form, activation, rate)
 
 
 def injection(params: Params, x: jax.Array) -> jax.Array:

@@ -33,7 +33,9 @@ Params = dict[str, Any]
 PAPER_STDDEV = 0.01  # JR paper App. A.4 / DEQ code: every weight starts from N(0, 0.01)
 BIAS_RANGE = 0.05  # the content and position biases start from U(-0.05, 0.05), as the DEQ code
 DROPOUTS = ("drop_q", "drop_k", "drop_v", "drop_attn", "drop_ff1", "drop_ff2")
-WEIGHTS = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2")
+WEIGHTS = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2")  # Weights' first six fields, in order
+BIASES = ("b_o", "b_ff1", "b_ff2", "u_bias", "v_bias")  # and its last five
+INITIALIZERS = ("w_init", "attn_w_init", "inject_w_init")
 LayerNorm = Callable[[jax.Array], jax.Array]
 Dropout = Callable[[str, jax.Array], jax.Array]  # (name, value) -> value with its mask
 
@@ -68,23 +70,43 @@ class Weights(NamedTuple):
     v_bias: jax.Array
 
 
+class Settings(NamedTuple):
+    """A cell's settings, checked by :func:`check_settings` (``dq.nn.TransformerCell``'s
+    arguments, ``d_ff`` resolved)."""
+
+    d_model: int
+    num_heads: int
+    d_ff: int
+    dropout: float
+    pre_ln: bool
+    weight_norm: bool
+    w_init: layers.Initializer | None
+    attn_w_init: layers.Initializer | None
+    inject_w_init: layers.Initializer | None
+
+    @property
+    def d_head(self) -> int:
+        """``Dh = d_model // num_heads``."""
+        return self.d_model // self.num_heads
+
+
 def check_settings(
     d_model: int,
+    *,
     num_heads: int,
     d_ff: int | None,
     dropout: float,
-    *,
     pre_ln: bool,
     weight_norm: bool,
-    initializers: dict[str, Any],
-) -> tuple[int, float]:
-    """``(d_ff, dropout)`` of a cell's settings (``d_ff`` ``None``: ``4 * d_model``), checked.
+    **initializers: layers.Initializer | None,
+) -> Settings:
+    """The :class:`Settings` of a cell's arguments (``d_ff`` ``None``: ``4 * d_model``), checked;
+    ``initializers``: ``w_init``, ``attn_w_init`` and ``inject_w_init``.
 
     Raises:
       ValueError: naming the argument, for a non-positive or non-int ``d_model``, ``num_heads``,
         ``d_ff``; an odd ``d_model``; ``num_heads`` not dividing ``d_model``; ``dropout`` outside
-        ``[0, 1)``; a non-bool ``pre_ln`` or ``weight_norm``; a non-callable initializer (the
-        ``initializers`` given by name).
+        ``[0, 1)``; a non-bool ``pre_ln`` or ``weight_norm``; a non-callable initializer.
     """
     checks.check_positive_int(d_model, "d_model")
     checks.check_positive_int(num_heads, "num_heads")
@@ -96,47 +118,52 @@ def check_settings(
     checks.check_positive_int(d_ff, "d_ff")
     checks.check_bool(pre_ln, "pre_ln")
     checks.check_bool(weight_norm, "weight_norm")
-    for name, value in initializers.items():
-        layers.check_initializer(value, name)
-    return d_ff, layers.check_rate(dropout, "dropout")
+    for name in INITIALIZERS:
+        layers.check_initializer(initializers[name], name)
+    dropout = layers.check_rate(dropout, "dropout")
+    return Settings(d_model, num_heads, d_ff, dropout, pre_ln, weight_norm, **initializers)
+
+
+class Phases(NamedTuple):
+    """A built cell's two phases over its parameters (:func:`prepare` once per forward pass,
+    :func:`step` per evaluation), with the settings they read: hashable, for a front-end's
+    static field."""
+
+    d_model: int
+    num_heads: int
+    pre_ln: bool
+    dropout: float
+
+    def initial_state(self, x: jax.Array | TransformerInput, dtype: Any = None) -> jax.Array:
+        """Zeros ``[B, T, d_model]`` (the DEQ paper's ``z^[0] = 0``) in ``dtype`` (``None``:
+        the input's)."""
+        inputs, _ = split_input(x)
+        return jnp.zeros(inputs.shape[:2] + (self.d_model,), dtype or inputs.dtype)
+
+    def prepare(self, params: Params, x: Any, *, training: bool, key: Any = None) -> dict:
+        """:func:`prepare` of ``x`` (an array or a :class:`TransformerInput`), with dropout
+        only when ``training``."""
+        rate = self.dropout if training else 0.0
+        return prepare(
+            params, x, num_heads=self.num_heads, pre_ln=self.pre_ln, dropout=rate, key=key
+        )
+
+    def step(self, params: Params, ctx: dict[str, Any], z: jax.Array) -> jax.Array:
+        """:func:`step`."""
+        return step(params, ctx, z, num_heads=self.num_heads, pre_ln=self.pre_ln)
 
 
 def build(
-    key: jax.Array,
-    in_features: int,
-    d_model: int,
-    *,
-    num_heads: int,
-    d_ff: int | None,
-    dropout: float,
-    pre_ln: bool,
-    weight_norm: bool,
-    dtype: Any,
-    **initializers: Any,
-) -> tuple[Params, float]:
-    """A front-end cell's construction: the settings checked (:func:`check_settings`, and a
-    positive ``in_features``), then ``(init(key, ...), dropout)``; ``initializers`` by name."""
+    key: jax.Array, in_features: int, d_model: int, dtype: Any, **settings: Any
+) -> tuple[Params, Phases]:
+    """A front-end cell's construction: a positive ``in_features`` and the ``settings``
+    (:func:`check_settings`'s keywords) checked, then ``(init(key, ...), its Phases)``."""
     checks.check_positive_int(in_features, "in_features")
-    d_ff, dropout = check_settings(
-        d_model,
-        num_heads,
-        d_ff,
-        dropout,
-        pre_ln=pre_ln,
-        weight_norm=weight_norm,
-        initializers=initializers,
-    )
-    params = init(
-        key,
-        in_features,
-        d_model,
-        num_heads=num_heads,
-        d_ff=d_ff,
-        weight_norm=weight_norm,
-        dtype=dtype,
-        **initializers,
-    )
-    return params, dropout
+    s = check_settings(d_model, **settings)
+    init_settings = {name: getattr(s, name) for name in ("num_heads", "d_ff", "weight_norm")}
+    inits = {name: getattr(s, name) for name in INITIALIZERS}
+    params = init(key, in_features, d_model, dtype=dtype, **init_settings, **inits)
+    return params, Phases(d_model, s.num_heads, s.pre_ln, s.dropout)
 
 
 def split_input(x: jax.Array | TransformerInput) -> tuple[jax.Array, jax.Array | None]:
@@ -209,20 +236,8 @@ def init(
 
 def weights(params: Params) -> Weights:
     """The layer's :class:`Weights` (weight-normalised ones normalised)."""
-    w = {name: layers.weight(params[name]) for name in WEIGHTS}
-    return Weights(
-        w_q=w["w_q"],
-        w_k=w["w_k"],
-        w_v=w["w_v"],
-        w_o=w["w_o"],
-        w_1=w["w_ff1"],
-        w_2=w["w_ff2"],
-        b_o=params["b_o"],
-        b_1=params["b_ff1"],
-        b_2=params["b_ff2"],
-        u_bias=params["u_bias"],
-        v_bias=params["v_bias"],
-    )
+    w = [layers.weight(params[name]) for name in WEIGHTS]
+    return Weights(*w, *(params[name] for name in BIASES))
 
 
 def injection(w_inject: list[jax.Array], b_inject: jax.Array, inputs: jax.Array) -> jax.Array:

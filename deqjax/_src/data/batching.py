@@ -116,6 +116,33 @@ def process_info(process_index: int | None, process_count: int | None) -> tuple[
     return int(process_index), int(process_count)
 
 
+class GlobalBatches:
+    """The batch sizes a :class:`Batches` declares, checked once: the global ``batch_size``
+    (summed over processes) and this process's share of it, ``local_batch_size``."""
+
+    def __init__(self, batch_size: int, process_count: int):
+        """Raises ``ValueError`` if ``batch_size`` does not divide by ``process_count``."""
+        if batch_size % process_count:
+            raise ValueError(
+                f"batch_size ({batch_size}) must be divisible by process_count ({process_count})."
+            )
+        self._batch_size = int(batch_size)
+        self._local = self._batch_size // process_count
+
+    @property
+    def batch_size(self) -> int:
+        """The global batch size."""
+        return self._batch_size
+
+    @property
+    def local_batch_size(self) -> int:
+        """The batch size this process yields (``batch_size // process_count``)."""
+        return self._local
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+
 def _check_arrays(arrays: Arrays, name: str) -> int:
     if not isinstance(arrays, Mapping) or not arrays:
         raise ValueError(f"{name} must be a non-empty mapping of name -> numpy array.")
@@ -125,7 +152,7 @@ def _check_arrays(arrays: Arrays, name: str) -> int:
     return int(next(iter(sizes.values())))
 
 
-class ShuffledBatches:
+class ShuffledBatches(GlobalBatches):
     """An endless iterator over shuffled global batches, yielding this process's shard of each.
 
     Each epoch visits ``steps_per_epoch = num_examples // batch_size`` full batches (the remainder
@@ -172,14 +199,8 @@ class ShuffledBatches:
                 f"batch_size must be in [1, {self._num_examples}] (the number of examples), "
                 f"got {batch_size}."
             )
-        if batch_size % self._process_count:
-            raise ValueError(
-                f"batch_size ({batch_size}) must be divisible by process_count "
-                f"({self._process_count})."
-            )
+        super().__init__(batch_size, self._process_count)
         self._arrays = {k: np.asarray(v) for k, v in arrays.items()}
-        self._batch_size = int(batch_size)
-        self._local = self._batch_size // self._process_count
         self._seed = int(seed)
         self._shuffle = bool(shuffle)
         self._perm_epoch: int | None = None
@@ -201,16 +222,6 @@ class ShuffledBatches:
     def process_index(self) -> int:
         """This process's shard of each global batch."""
         return self._process_index
-
-    @property
-    def batch_size(self) -> int:
-        """The global batch size."""
-        return self._batch_size
-
-    @property
-    def local_batch_size(self) -> int:
-        """The batch size this process yields (``batch_size // process_count``)."""
-        return self._local
 
     @property
     def steps_per_epoch(self) -> int:
@@ -237,9 +248,6 @@ class ShuffledBatches:
             )
             self._perm_epoch = epoch
         return self._perm
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        return self
 
     def next_position(self) -> IteratorState:
         """Moves past the next batch without gathering it: returns where that batch is, global

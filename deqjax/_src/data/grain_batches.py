@@ -9,19 +9,19 @@ so a checkpoint holds it and a resumed run continues from the same next batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
 from deqjax._src import checks
-from deqjax._src.data.batching import process_info
+from deqjax._src.data.batching import GlobalBatches, process_info
 
 _DICT, _BYTES = "grain", "grain_json"  # the state's key: a dict state, or a bytes (JSON) one
 
 
-class GrainBatches:
+class GrainBatches(GlobalBatches):
     """Adapts a grain iterator of batches to the training data protocol.
 
     Each ``next()`` is the grain iterator's next element: this process's share of a global batch,
@@ -64,31 +64,16 @@ class GrainBatches:
                 f"{type(iterator).__name__} has no {', '.join(missing)}."
             )
         self._iterator = iterator
-        self._batch_size = checks.check_positive_int(batch_size, "batch_size")
+        checks.check_positive_int(batch_size, "batch_size")
         self._steps_per_epoch = checks.check_int(
             steps_per_epoch, "steps_per_epoch", allow_none=True
         )
-        _, count = process_info(0, process_count)
-        if self._batch_size % count:
-            raise ValueError(
-                f"batch_size ({batch_size}) must be divisible by process_count ({count})."
-            )
-        self._local = self._batch_size // count
+        super().__init__(batch_size, process_info(0, process_count)[1])
 
     @property
     def iterator(self) -> Any:
         """The grain iterator adapted."""
         return self._iterator
-
-    @property
-    def batch_size(self) -> int:
-        """The global batch size."""
-        return self._batch_size
-
-    @property
-    def local_batch_size(self) -> int:
-        """The batch size this process yields (``batch_size // process_count``)."""
-        return self._local
 
     @property
     def steps_per_epoch(self) -> int | None:
@@ -116,9 +101,6 @@ class GrainBatches:
             self._iterator.set_state(state[_BYTES].encode())
         else:
             self._iterator.set_state(state[_DICT])
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
 
     def __next__(self) -> Any:
         batch = next(self._iterator)

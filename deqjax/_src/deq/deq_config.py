@@ -76,7 +76,6 @@ class DEQConfig:
 
 def checked_config(
     cell: Any,
-    *,
     solver: Any,
     adjoint: Any,
     eval_solver: Any,
@@ -84,7 +83,9 @@ def checked_config(
     init_state: Any,
     precision: Any,
 ) -> DEQConfig:
-    """The :class:`DEQConfig` of a layer's constructor arguments, each checked and normalised.
+    """The :class:`DEQConfig` of a layer's constructor arguments, each checked and normalised
+    (the one check of ``dq.nn.DEQ``, ``deqjax.nnx.DEQ`` and ``deqjax.equinox.DEQ``, which pass
+    their same-named arguments in this order).
 
     Raises:
       ValueError: naming the argument, if ``cell``, ``solver``, ``eval_solver`` or

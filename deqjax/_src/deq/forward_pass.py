@@ -93,23 +93,3 @@ def solve(
         else:
             z_star, sol = bound.solve(params, x, z0, bound.keys)
     return DEQOutput(z_star, sol, bound.cell_fn, f_star(z_star, sol))
-
-
-def forward(
-    config: DEQConfig,
-    cell: Any,
-    phases: CellPhases,
-    params: Any,
-    x: PyTree,
-    z0: PyTree | None,
-    key: jax.Array | None,
-    *,
-    is_training: bool,
-    backward_stats: BackwardStats | None,
-    layer: str,
-) -> DEQOutput:
-    """:func:`start` then :func:`solve`: the whole pass of a layer whose parameters exist before
-    the pass (the NNX and Equinox front-ends). ``cell`` is the user's cell (for its
-    ``initial_state``), ``phases`` its two phases over ``params``."""
-    begin = start(config, cell, x, z0, is_training=is_training)
-    return solve(begin, phases, config.adjoint, params, x, key, backward_stats, layer=layer)

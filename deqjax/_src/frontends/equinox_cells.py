@@ -20,17 +20,41 @@ import jax.numpy as jnp
 
 from deqjax._src import checks
 from deqjax._src.cells import layers, mlp, transformer
-from deqjax._src.cells.transformer import TransformerInput
 
 Initializer = layers.Initializer
 
 
-class _DropoutCell(eqx.Module):
-    """What both cells share: the ``inference`` switch and the call as ``step(z, prepare(x))``."""
+class _PhasedCell(eqx.Module):
+    """What both cells are: parameters (a dict of arrays), the framework-free cell's phases over
+    them (:mod:`deqjax._src.cells`) and the ``inference`` switch; called as
+    ``step(z, prepare(x))``."""
 
-    def _rate(self, rate: float, inference: bool | None) -> float:
+    params: dict[str, Any]
+    inference: bool
+    phases: Any = eqx.field(static=True)
+
+    def __init__(self, built: tuple[dict[str, Any], Any], inference: bool):
+        self.params, self.phases = built
+        self.inference = checks.check_bool(inference, "inference")
+
+    def initial_state(self, x: Any) -> jax.Array:
+        """Zeros of the state's shape (``[B, D]``, ``[B, T, D]``) in the parameters' dtype: the
+        DEQ paper's ``z^[0] = 0``."""
+        return self.phases.initial_state(x, jax.tree_util.tree_leaves(self.params)[0].dtype)
+
+    def prepare(
+        self, x: Any, *, key: jax.Array | None = None, inference: bool | None = None
+    ) -> dict[str, Any]:
+        """The per-forward-pass context of ``x`` (the weights, the injection, and the dropout
+        masks, drawn from ``key`` when not in ``inference``; the Transformer's relative
+        embeddings and memory keys and values)."""
         inf = self.inference if inference is None else inference
-        return 0.0 if checks.check_bool(inf, "inference") else rate
+        training = not checks.check_bool(inf, "inference")
+        return self.phases.prepare(self.params, x, training=training, key=key)
+
+    def step(self, z: jax.Array, ctx: dict[str, Any]) -> jax.Array:
+        """One evaluation ``f_θ(z; x)`` with the pass's ``ctx``: ``z``'s shape."""
+        return self.phases.step(self.params, ctx, z)
 
     def __call__(
         self, z: jax.Array, x: Any, *, key: jax.Array | None = None, inference: bool | None = None
@@ -39,7 +63,7 @@ class _DropoutCell(eqx.Module):
         return self.step(z, self.prepare(x, key=key, inference=inference))
 
 
-class MLPCell(_DropoutCell):
+class MLPCell(_PhasedCell):
     """Fully connected DEQ cell ``f_θ(z; x)``, ``z: [B, features]``, ``x: [B, in_features]``
     (init paper §4.1; JR paper §5.1): the forms of ``dq.nn.MLPCell``, same equations.
 
@@ -69,13 +93,6 @@ class MLPCell(_DropoutCell):
       ...                               key=jax.random.key(0))
     """
 
-    params: dict[str, Any]
-    inference: bool
-    features: int = eqx.field(static=True)
-    form: str = eqx.field(static=True)
-    activation: Callable[[jax.Array], jax.Array] = eqx.field(static=True)
-    dropout_rate: float = eqx.field(static=True)
-
     def __init__(
         self,
         in_features: int,
@@ -93,9 +110,7 @@ class MLPCell(_DropoutCell):
         inference: bool = False,
         key: jax.Array,
     ):
-        self.features, self.form, self.activation = features, form, activation
-        self.inference = checks.check_bool(inference, "inference")
-        self.params, self.dropout_rate = mlp.build(
+        built = mlp.build(
             key,
             in_features,
             features,
@@ -109,24 +124,10 @@ class MLPCell(_DropoutCell):
             dropout_rate=dropout_rate,
             dtype=dtype,
         )
-
-    def initial_state(self, x: jax.Array) -> jax.Array:
-        """Zeros ``[B, features]`` in the parameters' dtype."""
-        return jnp.zeros((x.shape[0], self.features), self.params["U"].dtype)
-
-    def prepare(
-        self, x: jax.Array, *, key: jax.Array | None = None, inference: bool | None = None
-    ) -> dict[str, Any]:
-        """The per-forward-pass context (injection, weights, dropout mask) of ``x [B, Dx]``."""
-        rate = self._rate(self.dropout_rate, inference)
-        return mlp.prepare(self.params, x, form=self.form, dropout_rate=rate, key=key)
-
-    def step(self, z: jax.Array, ctx: dict[str, Any]) -> jax.Array:
-        """One evaluation ``f_θ(z; x)`` with the pass's ``ctx``: ``[B, D]``."""
-        return mlp.step(self.params, ctx, z, form=self.form, activation=self.activation)
+        super().__init__(built, inference)
 
 
-class TransformerCell(_DropoutCell):
+class TransformerCell(_PhasedCell):
     """One weight-tied DEQ-Transformer layer ``f_θ(z; x)`` (DEQ paper §4; JR paper Fig. 2): the
     cell of ``dq.nn.TransformerCell`` (its arguments and defaults), same equations.
 
@@ -146,13 +147,6 @@ class TransformerCell(_DropoutCell):
       ValueError: as ``dq.nn.TransformerCell``.
     """
 
-    params: dict[str, Any]
-    inference: bool
-    d_model: int = eqx.field(static=True)
-    num_heads: int = eqx.field(static=True)
-    pre_ln: bool = eqx.field(static=True)
-    dropout: float = eqx.field(static=True)
-
     def __init__(
         self,
         in_features: int,
@@ -170,46 +164,18 @@ class TransformerCell(_DropoutCell):
         inference: bool = False,
         key: jax.Array,
     ):
-        self.d_model, self.num_heads, self.pre_ln = d_model, num_heads, pre_ln
-        self.inference = checks.check_bool(inference, "inference")
-        self.params, self.dropout = transformer.build(
+        built = transformer.build(
             key,
             in_features,
             d_model,
+            dtype,
             num_heads=num_heads,
             d_ff=d_ff,
             dropout=dropout,
             pre_ln=pre_ln,
             weight_norm=weight_norm,
-            dtype=dtype,
             w_init=w_init,
             attn_w_init=attn_w_init,
             inject_w_init=inject_w_init,
         )
-
-    def initial_state(self, x: jax.Array | TransformerInput) -> jax.Array:
-        """Zeros ``[B, T, d_model]`` (the DEQ paper's ``z^[0] = 0``) in the parameters' dtype."""
-        inputs, _ = transformer.split_input(x)
-        return jnp.zeros(inputs.shape[:2] + (self.d_model,), self.params["b_o"].dtype)
-
-    def prepare(
-        self,
-        x: jax.Array | TransformerInput,
-        *,
-        key: jax.Array | None = None,
-        inference: bool | None = None,
-    ) -> dict[str, Any]:
-        """The per-forward-pass context (weights, injection, relative embeddings, memory keys and
-        values, dropout masks) of ``x``."""
-        return transformer.prepare(
-            self.params,
-            x,
-            num_heads=self.num_heads,
-            pre_ln=self.pre_ln,
-            dropout=self._rate(self.dropout, inference),
-            key=key,
-        )
-
-    def step(self, z: jax.Array, ctx: dict[str, Any]) -> jax.Array:
-        """One evaluation ``f_θ(z; x)`` with the pass's ``ctx``: ``[B, T, D]``."""
-        return transformer.step(self.params, ctx, z, num_heads=self.num_heads, pre_ln=self.pre_ln)
+        super().__init__(built, inference)

@@ -19,16 +19,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import checks
 from deqjax._src import classifier_objective as objective
+from deqjax._src import classifier_settings
 from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src.cells import layers
 from deqjax._src.classifier_objective import ClassifierFns
-from deqjax._src.deq.deq_config import ANDERSON
 from deqjax._src.deq.deq_output import DEQOutput
 from deqjax._src.frontends import equinox_cells, equinox_deq
-from deqjax._src.initializers import HaarOrthogonal
-from deqjax._src.normalise import as_solver
 
 
 class MLPClassifier(eqx.Module):
@@ -70,25 +67,19 @@ class MLPClassifier(eqx.Module):
         dtype: Any = jnp.float32,
         key: jax.Array,
     ):
-        checks.check_positive_int(num_classes, "num_classes")
-        if cell_form not in ("resnet", "single"):
-            raise ValueError(f"cell_form must be 'resnet' or 'single', got {cell_form!r}.")
+        w_init, solver = classifier_settings.checked(num_classes, cell_form, w_init, solver)
         cell_key, head_key = jax.random.split(key)
         cell = equinox_cells.MLPCell(
             in_features,
             width,
             hidden_features=hidden,
             form=cell_form,
-            w_init=HaarOrthogonal(1.0) if w_init is None else w_init,
+            w_init=w_init,
             dtype=dtype,
             key=cell_key,
         )
         self.deq = equinox_deq.DEQ(
-            cell,
-            solver=ANDERSON if solver is None else solver,
-            adjoint=adjoint,
-            per_example=per_example,
-            precision=precision,
+            cell, solver=solver, adjoint=adjoint, per_example=per_example, precision=precision
         )
         w = layers.lecun_truncated_normal(head_key, (width, num_classes), dtype)
         self.head = {"w": w, "b": jnp.zeros(num_classes, w.dtype)}
@@ -130,8 +121,6 @@ def classifier_fns(
       :class:`~deqjax.models.ClassifierFns` whose ``params`` are the model's arrays
       (``init(key, images)``: ``eqx.partition(model, eqx.is_array)[0]``), a pytree for optax.
     """
-    if backward_solver is not None:
-        backward_solver = as_solver(backward_solver, name="backward_solver")
 
     @functools.lru_cache(maxsize=8)
     def static(in_features: int) -> Any:

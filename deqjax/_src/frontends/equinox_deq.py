@@ -32,10 +32,9 @@ import jax
 
 from deqjax._src import checks
 from deqjax._src.adjoints.base import Adjoint
-from deqjax._src.deq import forward_pass
-from deqjax._src.deq.deq_config import ANDERSON, DEQConfig, checked_config
+from deqjax._src.deq.deq_config import ANDERSON
 from deqjax._src.deq.deq_output import DEQOutput
-from deqjax._src.deq.phases import ModuleCall
+from deqjax._src.deq.module_layer import ModuleLayer
 from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
@@ -77,8 +76,7 @@ class DEQ(eqx.Module):
 
     cell: Any
     inference: bool
-    config: DEQConfig = eqx.field(static=True)
-    cell_call: ModuleCall = eqx.field(static=True)
+    layer: ModuleLayer = eqx.field(static=True)
 
     def __init__(
         self,
@@ -92,18 +90,10 @@ class DEQ(eqx.Module):
         precision: str | None = None,
         inference: bool = False,
     ):
-        self.config = checked_config(
-            cell,
-            solver=solver,
-            adjoint=adjoint,
-            eval_solver=eval_solver,
-            per_example=per_example,
-            init_state=init_state,
-            precision=precision,
-        )
+        settings = (solver, adjoint, eval_solver, per_example, init_state, precision)
+        self.layer = ModuleLayer.of(cell, "inference", LAYER, *settings)
         self.cell = cell
         self.inference = checks.check_bool(inference, "inference")
-        self.cell_call = ModuleCall.of(cell, "inference")
 
     def __call__(
         self,
@@ -147,19 +137,7 @@ class DEQ(eqx.Module):
         ``reg.penalty(out.cell_fn, out.z_star, key, step)`` with a
         :class:`~deqjax.regularization.JacobianRegularizer`, in the same trace.
         """
-        inf = checks.check_bool(self.inference if inference is None else inference, "inference")
+        inf = self.layer.eval_mode(self.inference, inference)
         params, static = eqx.partition(self.cell, eqx.is_array)
         bind = functools.partial(eqx.combine, static)
-        phases = self.cell_call.cell(bind, inf, self.config.precision)
-        return forward_pass.forward(
-            self.config,
-            self.cell,
-            phases,
-            params,
-            x,
-            z0,
-            None if inf else key,
-            is_training=not inf,
-            backward_stats=backward_stats,
-            layer=LAYER,
-        )
+        return self.layer.forward(self.cell, bind, params, x, z0, key, inf, backward_stats)

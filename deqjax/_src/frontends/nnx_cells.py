@@ -19,7 +19,6 @@ from flax import nnx
 
 from deqjax._src import checks
 from deqjax._src.cells import layers, mlp, transformer
-from deqjax._src.cells.transformer import TransformerInput
 
 Initializer = layers.Initializer
 
@@ -37,20 +36,41 @@ def _values(params: Any, dtype: Any) -> dict[str, Any]:
     return values if dtype is None else jax.tree_util.tree_map(lambda a: a.astype(dtype), values)
 
 
-class _DropoutCell(nnx.Module):
-    """What both cells share: ``deterministic`` (``eval()``/``train()``/``nnx.view``) and the call
-    as ``step(z, prepare(x))``."""
+class _PhasedCell(nnx.Module):
+    """What both cells are: parameters (a dict of ``nnx.Param``), the framework-free cell's
+    phases over them (:mod:`deqjax._src.cells`), the compute ``dtype`` and ``deterministic``
+    (``eval()``/``train()``/``nnx.view``); called as ``step(z, prepare(x))``."""
 
-    deterministic: bool
+    def __init__(self, built: tuple[dict[str, Any], Any], dtype: Any, deterministic: bool):
+        values, self.phases = built
+        self.params = _as_params(values)
+        self.dtype = dtype
+        self.deterministic = checks.check_bool(deterministic, "deterministic")
 
     def set_view(self, deterministic: bool | None = None) -> None:
         """``nnx.view(cell, deterministic=...)``: sets ``deterministic`` when given."""
         if deterministic is not None:
             self.deterministic = deterministic
 
-    def _rate(self, rate: float, deterministic: bool | None) -> float:
+    def initial_state(self, x: Any) -> jax.Array:
+        """Zeros of the state's shape (``[B, D]``, ``[B, T, D]``) in the compute dtype (``x``'s
+        when it is ``None``): the DEQ paper's ``z^[0] = 0``."""
+        return self.phases.initial_state(x, self.dtype)
+
+    def prepare(
+        self, x: Any, *, key: jax.Array | None = None, deterministic: bool | None = None
+    ) -> dict[str, Any]:
+        """The per-forward-pass context of ``x`` (the weights, the injection, and the dropout
+        masks, drawn from ``key`` when not ``deterministic``; the Transformer's relative
+        embeddings and memory keys and values)."""
         det = self.deterministic if deterministic is None else deterministic
-        return 0.0 if checks.check_bool(det, "deterministic") else rate
+        training = not checks.check_bool(det, "deterministic")
+        values = _values(self.params, self.dtype)
+        return self.phases.prepare(values, x, training=training, key=key)
+
+    def step(self, z: jax.Array, ctx: dict[str, Any]) -> jax.Array:
+        """One evaluation ``f_θ(z; x)`` with the pass's ``ctx``: ``z``'s shape."""
+        return self.phases.step(_values(self.params, self.dtype), ctx, z)
 
     def __call__(
         self,
@@ -64,7 +84,7 @@ class _DropoutCell(nnx.Module):
         return self.step(z, self.prepare(x, key=key, deterministic=deterministic))
 
 
-class MLPCell(_DropoutCell):
+class MLPCell(_PhasedCell):
     """Fully connected DEQ cell ``f_θ(z; x)``, ``z: [B, features]``, ``x: [B, in_features]``
     (init paper §4.1; JR paper §5.1): the forms of ``dq.nn.MLPCell``, same equations.
 
@@ -113,9 +133,7 @@ class MLPCell(_DropoutCell):
         deterministic: bool = False,
         rngs: nnx.Rngs,
     ):
-        self.features, self.form, self.activation, self.dtype = features, form, activation, dtype
-        self.deterministic = checks.check_bool(deterministic, "deterministic")
-        values, self.dropout_rate = mlp.build(
+        built = mlp.build(
             rngs.params(),
             in_features,
             features,
@@ -129,28 +147,10 @@ class MLPCell(_DropoutCell):
             dropout_rate=dropout_rate,
             dtype=param_dtype,
         )
-        self.params = _as_params(values)
-
-    def initial_state(self, x: jax.Array) -> jax.Array:
-        """Zeros ``[B, features]`` in the compute dtype (``x``'s when it is ``None``)."""
-        return jnp.zeros((x.shape[0], self.features), self.dtype or x.dtype)
-
-    def prepare(
-        self, x: jax.Array, *, key: jax.Array | None = None, deterministic: bool | None = None
-    ) -> dict[str, Any]:
-        """The per-forward-pass context (injection, weights, dropout mask) of ``x [B, Dx]``."""
-        rate = self._rate(self.dropout_rate, deterministic)
-        return mlp.prepare(
-            _values(self.params, self.dtype), x, form=self.form, dropout_rate=rate, key=key
-        )
-
-    def step(self, z: jax.Array, ctx: dict[str, Any]) -> jax.Array:
-        """One evaluation ``f_θ(z; x)`` with the pass's ``ctx``: ``[B, D]``."""
-        values = _values(self.params, self.dtype)
-        return mlp.step(values, ctx, z, form=self.form, activation=self.activation)
+        super().__init__(built, dtype, deterministic)
 
 
-class TransformerCell(_DropoutCell):
+class TransformerCell(_PhasedCell):
     """One weight-tied DEQ-Transformer layer ``f_θ(z; x)`` (DEQ paper §4; JR paper Fig. 2): the
     cell of ``dq.nn.TransformerCell`` (its arguments and defaults), same equations.
 
@@ -189,48 +189,18 @@ class TransformerCell(_DropoutCell):
         deterministic: bool = False,
         rngs: nnx.Rngs,
     ):
-        self.d_model, self.num_heads, self.pre_ln, self.dtype = d_model, num_heads, pre_ln, dtype
-        self.deterministic = checks.check_bool(deterministic, "deterministic")
-        values, self.dropout = transformer.build(
+        built = transformer.build(
             rngs.params(),
             in_features,
             d_model,
+            param_dtype,
             num_heads=num_heads,
             d_ff=d_ff,
             dropout=dropout,
             pre_ln=pre_ln,
             weight_norm=weight_norm,
-            dtype=param_dtype,
             w_init=w_init,
             attn_w_init=attn_w_init,
             inject_w_init=inject_w_init,
         )
-        self.params = _as_params(values)
-
-    def initial_state(self, x: jax.Array | TransformerInput) -> jax.Array:
-        """Zeros ``[B, T, d_model]`` (the DEQ paper's ``z^[0] = 0``)."""
-        inputs, _ = transformer.split_input(x)
-        return jnp.zeros(inputs.shape[:2] + (self.d_model,), self.dtype or inputs.dtype)
-
-    def prepare(
-        self,
-        x: jax.Array | TransformerInput,
-        *,
-        key: jax.Array | None = None,
-        deterministic: bool | None = None,
-    ) -> dict[str, Any]:
-        """The per-forward-pass context (weights, injection, relative embeddings, memory keys and
-        values, dropout masks) of ``x``."""
-        return transformer.prepare(
-            _values(self.params, self.dtype),
-            x,
-            num_heads=self.num_heads,
-            pre_ln=self.pre_ln,
-            dropout=self._rate(self.dropout, deterministic),
-            key=key,
-        )
-
-    def step(self, z: jax.Array, ctx: dict[str, Any]) -> jax.Array:
-        """One evaluation ``f_θ(z; x)`` with the pass's ``ctx``: ``[B, T, D]``."""
-        values = _values(self.params, self.dtype)
-        return transformer.step(values, ctx, z, num_heads=self.num_heads, pre_ln=self.pre_ln)
+        super().__init__(built, dtype, deterministic)

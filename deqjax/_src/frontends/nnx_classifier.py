@@ -18,16 +18,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from deqjax._src import checks
 from deqjax._src import classifier_objective as objective
+from deqjax._src import classifier_settings
 from deqjax._src import jacobian_regularization as jr_lib
 from deqjax._src.cells import layers
 from deqjax._src.classifier_objective import ClassifierFns
-from deqjax._src.deq.deq_config import ANDERSON
 from deqjax._src.deq.deq_output import DEQOutput
 from deqjax._src.frontends import nnx_cells, nnx_deq
-from deqjax._src.initializers import HaarOrthogonal
-from deqjax._src.normalise import as_solver
 
 
 class MLPClassifier(nnx.Module):
@@ -68,25 +65,19 @@ class MLPClassifier(nnx.Module):
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
-        checks.check_positive_int(num_classes, "num_classes")
-        if cell_form not in ("resnet", "single"):
-            raise ValueError(f"cell_form must be 'resnet' or 'single', got {cell_form!r}.")
+        w_init, solver = classifier_settings.checked(num_classes, cell_form, w_init, solver)
         cell = nnx_cells.MLPCell(
             in_features,
             width,
             hidden_features=hidden,
             form=cell_form,
-            w_init=HaarOrthogonal(1.0) if w_init is None else w_init,
+            w_init=w_init,
             dtype=dtype,
             param_dtype=param_dtype,
             rngs=rngs,
         )
         self.deq = nnx_deq.DEQ(
-            cell,
-            solver=ANDERSON if solver is None else solver,
-            adjoint=adjoint,
-            per_example=per_example,
-            precision=precision,
+            cell, solver=solver, adjoint=adjoint, per_example=per_example, precision=precision
         )
         w = layers.lecun_truncated_normal(rngs.params(), (width, num_classes), param_dtype)
         self.head = nnx.data({"w": nnx.Param(w), "b": nnx.Param(jnp.zeros(num_classes, w.dtype))})
@@ -133,8 +124,6 @@ def classifier_fns(
       :class:`~deqjax.models.ClassifierFns` whose ``params`` are the model's ``nnx.State``
       (``init(key, images)``), a pytree for optax.
     """
-    if backward_solver is not None:
-        backward_solver = as_solver(backward_solver, name="backward_solver")
 
     @functools.lru_cache(maxsize=8)
     def graphdef(in_features: int) -> Any:

@@ -34,10 +34,9 @@ from flax import nnx
 
 from deqjax._src import checks
 from deqjax._src.adjoints.base import Adjoint
-from deqjax._src.deq import forward_pass
-from deqjax._src.deq.deq_config import ANDERSON, checked_config
+from deqjax._src.deq.deq_config import ANDERSON
 from deqjax._src.deq.deq_output import DEQOutput
-from deqjax._src.deq.phases import ModuleCall
+from deqjax._src.deq.module_layer import ModuleLayer
 from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
@@ -108,19 +107,11 @@ class DEQ(nnx.Module):
                 f"cell must be a flax.nnx.Module (its parameters are the DEQ's), got "
                 f"{type(cell).__name__}."
             )
-        self.config = checked_config(
-            cell,
-            solver=solver,
-            adjoint=adjoint,
-            eval_solver=eval_solver,
-            per_example=per_example,
-            init_state=init_state,
-            precision=precision,
-        )
+        settings = (solver, adjoint, eval_solver, per_example, init_state, precision)
+        self.layer = ModuleLayer.of(cell, "deterministic", LAYER, *settings)
         self.cell = cell
         self.deterministic = checks.check_bool(deterministic, "deterministic")
         self.rngs = _stream(rngs, "dropout")
-        self.cell_call = ModuleCall.of(cell, "deterministic")
 
     def set_view(self, deterministic: bool | None = None) -> None:
         """``nnx.view(deq, deterministic=...)``: sets ``deterministic`` when given."""
@@ -171,25 +162,11 @@ class DEQ(nnx.Module):
         ``reg.penalty(out.cell_fn, out.z_star, key, step)`` with a
         :class:`~deqjax.regularization.JacobianRegularizer`, in the same trace.
         """
-        det = self.deterministic if deterministic is None else deterministic
-        det = checks.check_bool(det, "deterministic")
+        det = self.layer.eval_mode(self.deterministic, deterministic)
         key = None if det else self._key(rngs)
         graphdef, state = nnx.split(self.cell)
-        phases = self.cell_call.cell(
-            functools.partial(nnx.merge, graphdef), det, self.config.precision
-        )
-        return forward_pass.forward(
-            self.config,
-            self.cell,
-            phases,
-            state,
-            x,
-            z0,
-            key,
-            is_training=not det,
-            backward_stats=backward_stats,
-            layer=LAYER,
-        )
+        bind = functools.partial(nnx.merge, graphdef)
+        return self.layer.forward(self.cell, bind, state, x, z0, key, det, backward_stats)
 
     def _key(self, rngs: Any) -> jax.Array | None:
         """This pass's key: from the call's ``rngs``, else the constructor's, else ``None``."""

@@ -26,10 +26,9 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import checks, initializers
+from deqjax._src import checks, classifier_settings, initializers
 from deqjax._src.nn import deq as deq_lib
 from deqjax._src.nn import mlp_cell
-from deqjax._src.solvers.anderson import Anderson
 
 _FAMILIES = {
     "gaussian": initializers.Gaussian,
@@ -85,17 +84,15 @@ class MLPClassifier(hk.Module):
     ):
         super().__init__(name=name)
         checks.check_positive_int(width, "width")
-        checks.check_positive_int(num_classes, "num_classes")
-        if cell_form not in ("resnet", "single"):
-            raise ValueError(f"cell_form must be 'resnet' or 'single', got {cell_form!r}.")
+        self.w_init, self.solver = classifier_settings.checked(
+            num_classes, cell_form, w_init, solver
+        )
         self.width, self.num_classes, self.hidden, self.cell_form = (
             width,
             num_classes,
             hidden,
             cell_form,
         )
-        self.w_init = initializers.HaarOrthogonal(1.0) if w_init is None else w_init
-        self.solver = Anderson() if solver is None else solver
         self.adjoint = adjoint
         self.per_example = per_example
 

@@ -91,6 +91,7 @@ class SequenceBackbone(hk.Module):
         if cell not in self.CELLS:
             raise ValueError(f"cell must be one of {self.CELLS}, got {cell!r}.")
         checks.check_positive_int(depth, "depth")
+        self.deq_settings = deq_settings.check_settings(deq)
         self.kind = kind
         self.cell = cell
         self.d_model = d_model
@@ -100,7 +101,6 @@ class SequenceBackbone(hk.Module):
         self.trellis_kernel = trellis_kernel
         self.d_ff = d_ff
         self.ffn_init = ffn_init
-        self.deq_settings = deq_settings.check_settings(deq)
 
     def _cell(self, name: str | None = None) -> hk.Module:
         return sequence_cells.sequence_cell(

@@ -145,16 +145,8 @@ class DEQ(hk.Module):
         name: str | None = None,
     ):
         super().__init__(name=name)
-        config = checked_config(
-            cell,
-            solver=solver,
-            adjoint=adjoint,
-            eval_solver=eval_solver,
-            per_example=per_example,
-            init_state=init_state,
-            precision=precision,
-        )
-        self._configure(cell, config, solve_at_init=solve_at_init)
+        settings = (solver, adjoint, eval_solver, per_example, init_state, precision)
+        self._configure(cell, checked_config(cell, *settings), solve_at_init=solve_at_init)
 
     def _configure(self, cell: Cell, config: DEQConfig, *, solve_at_init: bool) -> None:
         """Holds the cell and the settings, checked by the caller (``__init__``, or

@@ -113,33 +113,22 @@ class TransformerCell(hk.Module):
         name: str | None = None,
     ):
         super().__init__(name=name)
-        d_ff, dropout = transformer.check_settings(
+        self.settings = transformer.check_settings(
             d_model,
-            num_heads,
-            d_ff,
-            dropout,
+            num_heads=num_heads,
+            d_ff=d_ff,
+            dropout=dropout,
             pre_ln=pre_ln,
             weight_norm=weight_norm,
-            initializers={
-                "w_init": w_init,
-                "attn_w_init": attn_w_init,
-                "inject_w_init": inject_w_init,
-            },
+            w_init=w_init,
+            attn_w_init=attn_w_init,
+            inject_w_init=inject_w_init,
         )
         self.d_model = d_model
-        self.num_heads = num_heads
-        self.d_head = d_model // num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.pre_ln = pre_ln
-        self.weight_norm = weight_norm
-        self.w_init = w_init
-        self.attn_w_init = attn_w_init
-        self.inject_w_init = inject_w_init
 
     def initial_state(self, x: jax.Array | TransformerInput) -> jax.Array:
         """Zeros ``[B, T, D]`` (the DEQ paper's ``z^[0] = 0``), in the input's dtype."""
-        inputs = x.x if isinstance(x, TransformerInput) else x
+        inputs, _ = transformer.split_input(x)
         return jnp.zeros(inputs.shape[:2] + (self.d_model,), inputs.dtype)
 
     def __call__(
@@ -159,7 +148,7 @@ class TransformerCell(hk.Module):
         inputs, mems = transformer.split_input(x)
         transformer.check_shapes(z.shape, inputs, mems, self.d_model)
         t = z.shape[1]
-        drop = self.dropout if is_training else 0.0
+        drop = self.settings.dropout if is_training else 0.0
         ln_attn = norms.LayerNorm(name="ln_attn")
         ln_ffn = norms.LayerNorm(name="ln_ffn")
         # ---- once per forward pass: weights, injection, positions, memory keys/values ----------
@@ -170,7 +159,7 @@ class TransformerCell(hk.Module):
         memory = None
         if mems is not None:
             memory = per_forward(
-                "memory_kv", lambda: transformer.memory_kv(mems, w, ln_attn, self.pre_ln)
+                "memory_kv", lambda: transformer.memory_kv(mems, w, ln_attn, self.settings.pre_ln)
             )
         # ---- per solver step: the framework-free cell's equations ------------------------------
         return transformer.equations(
@@ -179,8 +168,8 @@ class TransformerCell(hk.Module):
             memory,
             r,
             w,
-            num_heads=self.num_heads,
-            pre_ln=self.pre_ln,
+            num_heads=self.settings.num_heads,
+            pre_ln=self.settings.pre_ln,
             ln_attn=ln_attn,
             ln_ffn=ln_ffn,
             drop=lambda name, v: variational_dropout.time_shared_dropout(name, v, drop),
@@ -189,14 +178,15 @@ class TransformerCell(hk.Module):
     @hk.transparent
     def _weights(self, dtype: Any) -> transformer.Weights:
         """The layer's weights (plain or weight-normed, computed once per forward) and biases."""
-        d, f, h, dh = self.d_model, self.d_ff, self.num_heads, self.d_head
+        s = self.settings
+        d, f, h, dh = self.d_model, s.d_ff, s.num_heads, s.d_head
         paper_init = hk.initializers.RandomNormal(_PAPER_STDDEV)
-        ffn_init = self.w_init or paper_init
-        attn_init = self.attn_w_init or paper_init
+        ffn_init = s.w_init or paper_init
+        attn_init = s.attn_w_init or paper_init
 
         def weight(name, shape, init):
             return weight_norm.get_weight(
-                name, shape, dtype, w_init=init, weight_norm=self.weight_norm
+                name, shape, dtype, w_init=init, weight_norm=s.weight_norm
             )
 
         bias_init = hk.initializers.RandomUniform(-0.05, 0.05)  # as the DEQ-Transformer code
@@ -218,7 +208,7 @@ class TransformerCell(hk.Module):
     def _injection(self, inputs: jax.Array, dtype: Any) -> jax.Array:
         """``x̃ = x W_x + b_x`` for Q, K and V: ``[B, T, 3, D]``."""
         d, dx = self.d_model, inputs.shape[-1]
-        init = self.inject_w_init or hk.initializers.RandomNormal(_PAPER_STDDEV)
+        init = self.settings.inject_w_init or hk.initializers.RandomNormal(_PAPER_STDDEV)
         ws = [hk.get_parameter(f"w_inject_{n}", (dx, d), dtype, init=init) for n in "qkv"]
         b_x = hk.get_parameter("b_inject", (3, d), dtype, init=jnp.zeros)  # [3, D]
         return transformer.injection(ws, b_x, inputs)  # [B, T, 3, D]
@@ -227,6 +217,6 @@ class TransformerCell(hk.Module):
     def _relative_embedding(self, length: int, dtype: Any) -> jax.Array:
         """The projected sinusoidal embeddings of the ``length`` distances: ``[K, H, Dh]``."""
         d = self.d_model
-        init = self.attn_w_init or hk.initializers.RandomNormal(_PAPER_STDDEV)
+        init = self.settings.attn_w_init or hk.initializers.RandomNormal(_PAPER_STDDEV)
         w_r = hk.get_parameter("w_r", (d, d), dtype, init=init)  # [D, D] (no weight norm)
-        return transformer.relative_embedding(w_r, length, self.num_heads)  # [K, H, Dh]
+        return transformer.relative_embedding(w_r, length, self.settings.num_heads)  # [K, H, Dh]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -37,8 +36,6 @@ import jax
 from deqjax._src.training.checkpoint_contents import (
     MANIFEST,
     CheckpointError,
-    CorruptCheckpoint,
-    IncompatibleCheckpoint,
     RestoreError,
     all_finite,
     tree_digest,
@@ -46,14 +43,18 @@ from deqjax._src.training.checkpoint_contents import (
     verify_manifest,
     write_manifest,
 )
-from deqjax._src.training.checkpoint_contents import layout_difference as _layout_difference
+from deqjax._src.training.checkpoint_restore import (
+    check_digest,
+    check_layout,
+    checked_state,
+    read_items,
+    restore_newest,
+)
 from deqjax._src.training.checkpoint_restore import host_template as _host
 
 __all__ = ["CheckpointError", "Checkpointer", "RestoreError", "all_finite", "tree_digest"]
 
 PyTree = Any
-# Shared with the asynchronous Checkpoints that replace this module (one definition of each).
-_Corrupt, _Incompatible = CorruptCheckpoint, IncompatibleCheckpoint
 
 
 class Restored(NamedTuple):
@@ -165,42 +166,14 @@ class Checkpointer:
         if jax.process_index() == 0:
             write_manifest(self.path(step), ("state", "meta"))
 
-    def _verify_files(self, step: int) -> None:
+    def _restore_step(self, manager: Any, root: str, step: int, template: PyTree) -> Restored:
+        meta = dict(read_items(manager, step, meta=self._ocp.args.JsonRestore()).meta)
+        check_layout(meta.pop("__layout__", None), template)
         # no manifest: an older checkpoint, the digest after restoring still guards it
-        verify_manifest(self.path(step), required=False)
-
-    def _restore_step(self, step: int, template: PyTree) -> Restored:
-        try:
-            meta_only = self._manager.restore(
-                step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore())
-            )
-            meta = dict(meta_only.meta)
-        except Exception as e:  # noqa: BLE001 - orbax raises many types for broken files
-            raise _Corrupt(f"unreadable metadata: {type(e).__name__}: {str(e)[:200]}") from None
-        layout = meta.pop("__layout__", None)
-        if layout is not None:
-            why = _layout_difference(layout, tree_layout(template))
-            if why is not None:
-                raise _Incompatible(why)
-        self._verify_files(step)
-        args = self._ocp.args.Composite(
-            state=self._ocp.args.StandardRestore(template), meta=self._ocp.args.JsonRestore()
-        )
-        try:
-            out = self._manager.restore(step, args=args)
-        except Exception as e:  # noqa: BLE001 - orbax raises many types for broken files
-            raise _Corrupt(f"{type(e).__name__}: {str(e)[:300]}") from None
-        state = _host(out.state)
-        if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(template):
-            raise _Incompatible("its tree structure differs from the template's")
-        for got, want in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(template)):
-            if got.shape != want.shape or got.dtype != want.dtype:
-                raise _Incompatible(
-                    f"leaf {got.dtype}{got.shape} does not match template {want.dtype}{want.shape}"
-                )
-        digest = meta.pop("__digest__", None)
-        if digest != tree_digest(state):
-            raise _Corrupt("content digest mismatch (corrupt or truncated data)")
+        verify_manifest(root, required=False)
+        state_args = self._ocp.args.StandardRestore(template)
+        state = checked_state(read_items(manager, step, state=state_args).state, template)
+        check_digest(meta.pop("__digest__", None), state)
         return Restored(step, state, meta)
 
     def restore(self, template: PyTree, *, step: int | None = None) -> Restored | None:
@@ -221,46 +194,10 @@ class Checkpointer:
           UserWarning: naming each corrupt checkpoint skipped in favour of an older one (it is
             renamed ``<step>.corrupt``) and each incompatible one skipped (left in place).
         """
-        template = _host(template)
         steps = [int(step)] if step is not None else self.all_steps()[::-1]
-        if not steps:
-            return None
-        failures: list[tuple[int, str, str]] = []
-        for s in steps:
-            try:
-                restored = self._restore_step(s, template)
-            except (_Corrupt, _Incompatible) as e:
-                kind = "corrupt" if isinstance(e, _Corrupt) else "incompatible"
-                failures.append((s, kind, str(e)))
-                continue
-            for bad, kind, why in failures:
-                action = "renamed .corrupt" if kind == "corrupt" else "left in place"
-                warnings.warn(
-                    f"skipping {kind} checkpoint {self.path(bad)}: {why}; {action}, "
-                    f"falling back to {self.path(s)}.",
-                    stacklevel=2,
-                )
-                if kind == "corrupt":
-                    self._quarantine(self.path(bad))
-            return restored
-        lines = "\n".join(f"  {self.path(s)}: {kind}: {why}" for s, kind, why in failures)
-        raise RestoreError(
-            f"no checkpoint in {self.directory} can be restored (nothing was renamed or "
-            f"deleted):\n{lines}"
+        return restore_newest(
+            self._manager, self.directory, steps, _host(template), self._restore_step
         )
-
-    def _quarantine(self, path: str) -> None:
-        # Move a bad checkpoint aside so later saves of that step and orbax's listing ignore it.
-        if jax.process_index() != 0 or not os.path.isdir(path):
-            return
-        target, k = path + ".corrupt", 1
-        while os.path.exists(target):
-            target, k = f"{path}.corrupt{k}", k + 1
-        try:
-            os.rename(path, target)
-        except OSError:
-            pass
-        self._manager.reload()
 
     def close(self) -> None:
         self._manager.close()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -63,7 +63,13 @@ def sync_processes(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def restore_newest(manager: Any, directory: str, steps: Sequence[int], template: PyTree):
+def restore_newest(
+    manager: Any,
+    directory: str,
+    steps: Sequence[int],
+    template: PyTree,
+    read: Callable[[Any, str, int, PyTree], Any] | None = None,
+):
     """The first of ``steps`` (newest first) that restores into ``template``, or None if there
     are no ``steps``.
 
@@ -72,6 +78,9 @@ def restore_newest(manager: Any, directory: str, steps: Sequence[int], template:
       directory: the checkpoints' folder.
       steps: the steps to try, in order.
       template: the state's template (:func:`host_template`).
+      read: ``(manager, folder, step, template) -> restored``, raising
+        :class:`CorruptCheckpoint` or :class:`IncompatibleCheckpoint` (None: a
+        :class:`Restored` of a ``Checkpoints`` checkpoint, or of a deqjax 0.2 one).
 
     Raises:
       RestoreError: none restores (each named with the reason); nothing is renamed then.
@@ -81,10 +90,11 @@ def restore_newest(manager: Any, directory: str, steps: Sequence[int], template:
         ``<step>.corrupt``) and each incompatible one skipped (left in place).
     """
     path = lambda s: os.path.join(directory, str(s))  # noqa: E731
+    read = _restore_step if read is None else read
     failures: list[tuple[int, str, str]] = []
     for s in steps:
         try:
-            restored = _restore_step(manager, path(s), s, template)
+            restored = read(manager, path(s), s, template)
         except (CorruptCheckpoint, IncompatibleCheckpoint) as e:
             kind = "corrupt" if isinstance(e, CorruptCheckpoint) else "incompatible"
             failures.append((s, kind, str(e)))
@@ -113,19 +123,37 @@ def restore_newest(manager: Any, directory: str, steps: Sequence[int], template:
 def _restore_step(manager: Any, root: str, step: int, template: PyTree) -> Restored:
     import orbax.checkpoint as ocp
 
-    meta = _read(manager, step, meta=ocp.args.JsonRestore()).meta
-    layout = meta.get("layout", meta.get("__layout__"))  # "__layout__": deqjax 0.2
-    why = None if layout is None else layout_difference(layout, tree_layout(template))
-    if why is not None:
-        raise IncompatibleCheckpoint(why)
+    meta = read_items(manager, step, meta=ocp.args.JsonRestore()).meta
+    check_layout(meta.get("layout", meta.get("__layout__")), template)  # "__layout__": 0.2
     legacy = not os.path.isdir(os.path.join(root, "data"))
     verify_manifest(root, required=not legacy)
     state_args = ocp.args.StandardRestore(template)
     if legacy:
-        state, position = _read(manager, step, state=state_args).state, meta.get("data")
+        state, position = read_items(manager, step, state=state_args).state, meta.get("data")
     else:
-        out = _read(manager, step, state=state_args, data=ocp.args.JsonRestore())
+        out = read_items(manager, step, state=state_args, data=ocp.args.JsonRestore())
         state, position = out.state, out.data["position"]
+    state = checked_state(state, template)
+    if legacy:
+        check_digest(meta.get("__digest__"), state)
+    return Restored(step, state, position, dict(meta.get("config") or {}))
+
+
+def check_layout(layout: Any, template: PyTree) -> None:
+    """Raises :class:`IncompatibleCheckpoint` if a checkpoint's recorded ``layout`` (None: not
+    recorded) differs from the ``template``'s."""
+    why = None if layout is None else layout_difference(layout, tree_layout(template))
+    if why is not None:
+        raise IncompatibleCheckpoint(why)
+
+
+def checked_state(state: PyTree, template: PyTree) -> PyTree:
+    """A restored ``state`` as the template holds it (:func:`host_template`), checked.
+
+    Raises:
+      IncompatibleCheckpoint: its tree structure, or a leaf's shape or dtype, differs from the
+        ``template``'s.
+    """
     state = host_template(state)
     if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(template):
         raise IncompatibleCheckpoint("its tree structure differs from the template's")
@@ -134,12 +162,22 @@ def _restore_step(manager: Any, root: str, step: int, template: PyTree) -> Resto
             raise IncompatibleCheckpoint(
                 f"leaf {got.dtype}{got.shape} does not match template {want.dtype}{want.shape}"
             )
-    if legacy and meta.get("__digest__") != tree_digest(state):
+    return state
+
+
+def check_digest(digest: str | None, state: PyTree) -> None:
+    """Raises :class:`CorruptCheckpoint` unless ``digest`` (a deqjax 0.2 checkpoint's) is the
+    restored ``state``'s :func:`tree_digest`."""
+    if digest != tree_digest(state):
         raise CorruptCheckpoint("content digest mismatch (corrupt or truncated data)")
-    return Restored(step, state, position, dict(meta.get("config") or {}))
 
 
-def _read(manager: Any, step: int, **items: Any) -> Any:
+def read_items(manager: Any, step: int, **items: Any) -> Any:
+    """The ``items`` (orbax restore arguments by name) of the checkpoint of ``step``.
+
+    Raises:
+      CorruptCheckpoint: orbax cannot read them, naming its error.
+    """
     import orbax.checkpoint as ocp
 
     try:

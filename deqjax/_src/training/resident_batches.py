@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax._src.data.batching import Batches, IteratorState, ShuffledBatches
+from deqjax._src.data.batching import Batches, ShuffledBatches
 from deqjax._src.training.data_parallel import REPLICATED, SHARDED, DataParallel
 from deqjax._src.training.train_state import DEVICE_AXIS
 
@@ -58,6 +58,11 @@ def fits_on_devices(
         if num_bytes > fraction * free:
             return False
     return True
+
+
+def _of_data(name: str, doc: str) -> property:
+    """A read-only property of :class:`ResidentBatches`: its ``data``'s attribute ``name``."""
+    return property(lambda self: getattr(self._data, name), doc=doc)
 
 
 class PlacedBatches:
@@ -124,25 +129,10 @@ class ResidentBatches(PlacedBatches):
         """The host iterator whose order and position these batches follow."""
         return self._data
 
-    @property
-    def batch_size(self) -> int:
-        """The global batch size."""
-        return self._data.batch_size
-
-    @property
-    def local_batch_size(self) -> int:
-        """This process's share of each batch."""
-        return self._data.local_batch_size
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Batches per epoch."""
-        return self._data.steps_per_epoch
-
-    @property
-    def state(self) -> IteratorState:
-        """The position: the next ``next()`` gathers batch ``index`` of epoch ``epoch``."""
-        return self._data.state
+    batch_size = _of_data("batch_size", "The global batch size.")
+    local_batch_size = _of_data("local_batch_size", "This process's share of each batch.")
+    steps_per_epoch = _of_data("steps_per_epoch", "Batches per epoch.")
+    state = _of_data("state", "The position: ``next()`` gathers batch ``index`` of ``epoch``.")
 
     def restore(self, state: Any) -> None:
         """Moves to a position saved from :attr:`state` (see ``ShuffledBatches.restore``)."""

@@ -106,3 +106,54 @@ def scalars(record: Mapping[str, Any]) -> tuple[int, dict[str, float]]:
         if arr.ndim == 0 and arr.dtype.kind in "biuf":
             out[f"{prefix}{name}"] = float(arr)
     return int(step), out
+
+
+class ScalarWriter:
+    """The life of a writer of scalars (TensorBoard, W&B): :meth:`open` closes what was open and
+    starts the destination where this process writes, :meth:`write` sends a record's
+    :func:`scalars` there (refused before ``open``), :meth:`close` stops it.
+
+    A subclass sets ``label`` (for messages) and says how its destination starts, takes the
+    scalars of one step and stops: :meth:`_start`, :meth:`_send`, :meth:`_stop`.
+    """
+
+    label: str
+
+    def __init__(self, enabled: bool | None):
+        self._enabled = enabled
+        self._sink: Any = None
+        self._opened = False
+
+    def _start(self, restored_step: int | None, overwrite: bool) -> Any:
+        """The open destination of a fresh run (``restored_step`` None) or a resumed one."""
+        raise NotImplementedError
+
+    def _send(self, step: int, values: dict[str, float]) -> None:
+        """Sends one record's scalars ``{"<split>/<name>": value}`` at ``step``."""
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        """Closes the open destination."""
+        raise NotImplementedError
+
+    def open(self, restored_step: int | None, overwrite: bool) -> None:
+        """Starts the destination (claiming an earlier run's files, see :func:`claim`), where
+        this process writes."""
+        self.close()
+        self._opened = True
+        if writes_here(self._enabled):
+            self._sink = self._start(restored_step, overwrite)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Sends the record's numeric fields (:func:`scalars`) at its step."""
+        if not self._opened:
+            raise RuntimeError(f"{type(self).__name__}({self.label!r}).write before open().")
+        step, values = scalars(record)
+        if self._sink is not None:
+            self._send(step, values)
+
+    def close(self) -> None:
+        if self._sink is not None:
+            self._stop()
+            self._sink = None
+        self._opened = False

@@ -5,10 +5,9 @@ from __future__ import annotations
 import glob
 import os
 import time
-from collections.abc import Mapping
 from typing import Any
 
-from deqjax._src.training.writers.metric_writer import claim, require, scalars, writes_here
+from deqjax._src.training.writers.metric_writer import ScalarWriter, claim, require
 
 EVENT_FILE_PATTERN = "events.out.tfevents.*"
 
@@ -19,7 +18,7 @@ def event_files(logdir: str | os.PathLike) -> list[str]:
     return sorted(glob.glob(os.path.join(os.fspath(logdir), EVENT_FILE_PATTERN)))
 
 
-class TensorBoardWriter:
+class TensorBoardWriter(ScalarWriter):
     """Writes every numeric field of each record as a TensorBoard scalar (a
     :class:`~deqjax.training.MetricWriter`).
 
@@ -51,42 +50,28 @@ class TensorBoardWriter:
 
     def __init__(self, logdir: str | os.PathLike, *, enabled: bool | None = None):
         require("tensorboardX", "tensorboardX", "TensorBoardWriter")
-        self.logdir = os.fspath(logdir)
-        self._enabled = enabled
-        self._writer = None
-        self._opened = False
+        super().__init__(enabled)
+        self.logdir = self.label = os.fspath(logdir)
 
-    def open(self, restored_step: int | None, overwrite: bool) -> None:
-        """Starts a new event file: a fresh run's (claiming the folder) or a resumed run's."""
-        self.close()
-        self._opened = True
-        if not writes_here(self._enabled):
-            return
+    def _start(self, restored_step: int | None, overwrite: bool) -> Any:
+        """A new event file: a fresh run's (claiming the folder) or a resumed run's."""
         from tensorboardX import SummaryWriter
 
         found = event_files(self.logdir)
         claim(found, restored_step, overwrite, f"{self.logdir} holds the TensorBoard events")
-        self._writer = SummaryWriter(
+        return SummaryWriter(
             self.logdir,
             purge_step=None if restored_step is None else int(restored_step) + 1,
             # Files of one second (a quick resume) stay distinct and in the order written.
             filename_suffix=f".{time.time_ns()}",
         )
 
-    def write(self, record: Mapping[str, Any]) -> None:
-        """Adds the record's numeric fields as scalars at its step, and flushes."""
-        if not self._opened:
-            raise RuntimeError(f"TensorBoardWriter({self.logdir!r}).write before open().")
-        step, values = scalars(record)
-        if self._writer is None:
-            return
+    def _send(self, step: int, values: dict[str, float]) -> None:
+        """Adds the scalars at ``step``, and flushes."""
         wall_time = time.time()
         for tag, value in values.items():
-            self._writer.add_scalar(tag, value, global_step=step, walltime=wall_time)
-        self._writer.flush()
+            self._sink.add_scalar(tag, value, global_step=step, walltime=wall_time)
+        self._sink.flush()
 
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        self._opened = False
+    def _stop(self) -> None:
+        self._sink.close()

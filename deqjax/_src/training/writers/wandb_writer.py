@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from deqjax._src.training.metrics import to_python
-from deqjax._src.training.writers.metric_writer import claim, require, scalars, writes_here
+from deqjax._src.training.writers.metric_writer import ScalarWriter, claim, require
 
 RUN_ID_FILE = "wandb_run_id.txt"
 
 
-class WandbWriter:
+class WandbWriter(ScalarWriter):
     """Logs every numeric field of each record to a W&B run (a
     :class:`~deqjax.training.MetricWriter`), as ``"<split>/<name>"`` at the record's step.
 
@@ -47,19 +47,13 @@ class WandbWriter:
         require("wandb", "wandb", "WandbWriter (--wandb)")
         if not isinstance(project, str) or not project:
             raise ValueError(f"project must be a non-empty string, got {project!r}.")
-        self.project = project
+        super().__init__(enabled)
+        self.project = self.label = project
         self.run_dir = os.fspath(run_dir)
         self._config = to_python(dict(config or {}))
-        self._enabled = enabled
-        self._run = None
-        self._opened = False
 
-    def open(self, restored_step: int | None, overwrite: bool) -> None:
-        """Starts the W&B run (fresh) or continues the one whose id the run folder keeps."""
-        self.close()
-        self._opened = True
-        if not writes_here(self._enabled):
-            return
+    def _start(self, restored_step: int | None, overwrite: bool) -> Any:
+        """The W&B run: a fresh one, or the one whose id the run folder keeps."""
         import wandb
 
         id_path = os.path.join(self.run_dir, RUN_ID_FILE)
@@ -70,7 +64,7 @@ class WandbWriter:
             with open(id_path) as f:
                 run_id = f.read().strip() or None
         os.makedirs(self.run_dir, exist_ok=True)
-        self._run = wandb.init(
+        run = wandb.init(
             project=self.project,
             dir=self.run_dir,
             config=self._config,
@@ -78,18 +72,13 @@ class WandbWriter:
             resume="allow" if run_id else None,
         )
         with open(id_path, "w") as f:
-            f.write(str(self._run.id))
+            f.write(str(run.id))
+        return run
 
-    def write(self, record: Mapping[str, Any]) -> None:
-        """Logs the record's numeric fields at its step."""
-        if not self._opened:
-            raise RuntimeError(f"WandbWriter({self.project!r}).write before open().")
-        step, values = scalars(record)
-        if self._run is not None and values:
-            self._run.log(values, step=step)
+    def _send(self, step: int, values: dict[str, float]) -> None:
+        """Logs the scalars at ``step``."""
+        if values:
+            self._sink.log(values, step=step)
 
-    def close(self) -> None:
-        if self._run is not None:
-            self._run.finish()
-            self._run = None
-        self._opened = False
+    def _stop(self) -> None:
+        self._sink.finish()
