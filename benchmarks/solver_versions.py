@@ -4,6 +4,16 @@
     python -m benchmarks.solver_versions --old /tmp/broyden_old.py --d 512
     python -m benchmarks.solver_versions --old /tmp/broyden_old.py --d 128 --cls Broyden
 
+A solver whose algorithm lives in several modules (Broyden since issue 41: ``broyden.py`` picks a
+form from ``broyden_steps.py`` or ``broyden_line_search.py``, both on ``broyden_inverse.py``) is
+compared by giving the old versions of those modules after the class's own, dependencies first:
+they stand in for the installed ones while the old class's module loads::
+
+    for m in broyden broyden_inverse broyden_steps broyden_line_search; do
+      git show REV:deqjax/_src/solvers/$m.py > /tmp/old/$m.py; done
+    python -m benchmarks.solver_versions --old /tmp/old/broyden.py /tmp/old/broyden_inverse.py \
+      /tmp/old/broyden_steps.py /tmp/old/broyden_line_search.py
+
 A change to a solver's loop moves its time by a few percent, less than the spread between fresh
 processes on a 2-core machine (the process-wide slow mode of BENCHMARKS.md, "Loop cost"). Here
 the old module (a file, e.g. from ``git show``) is loaded beside the installed one and both
@@ -18,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import pathlib
 import statistics
 import sys
 import time
@@ -27,9 +38,10 @@ import jax.numpy as jnp
 
 import deqjax as dq
 from benchmarks import common, peers
+from deqjax._src.solvers import registry
 
 
-def load(path: str, name: str = "solver_module_old"):
+def _exec(path: str, name: str):
     """The module in the file ``path``, under ``name``."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -38,9 +50,50 @@ def load(path: str, name: str = "solver_module_old"):
     return module
 
 
+def load(paths: str | list[str], name: str = "solver_module_old"):
+    """The module in the file ``paths[0]`` (or ``paths``), under ``name``.
+
+    ``paths[1:]`` are old versions of modules of ``deqjax._src.solvers`` (by file name) that it
+    imports, dependencies first: each stands in for the installed one while the next ones and
+    the old module load. The installed modules, and the solver registry (which an old module's
+    function form registers itself in), are as they were afterwards.
+    """
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    package = importlib.import_module("deqjax._src.solvers")
+    by_function, by_name = dict(registry.BY_FUNCTION), dict(registry.BY_NAME)
+    saved = {}
+    try:
+        for path in paths[1:]:
+            stem = pathlib.Path(path).stem
+            full = f"{package.__name__}.{stem}"
+            saved[stem] = (sys.modules.get(full), getattr(package, stem, None))
+            module = _exec(path, f"{name}_{stem}")
+            sys.modules[full] = module
+            setattr(package, stem, module)
+        return _exec(paths[0], name)
+    finally:
+        for stem, (module, attribute) in saved.items():
+            full = f"{package.__name__}.{stem}"
+            if module is None:
+                sys.modules.pop(full, None)
+            else:
+                sys.modules[full] = module
+            if attribute is not None:
+                setattr(package, stem, attribute)
+        registry.BY_FUNCTION.clear()
+        registry.BY_FUNCTION.update(by_function)
+        registry.BY_NAME.clear()
+        registry.BY_NAME.update(by_name)
+
+
 def main(argv=None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--old", required=True, help="the old version of the solver's module")
+    parser.add_argument(
+        "--old",
+        required=True,
+        nargs="+",
+        help="the old version of the solver's module, then of the modules it imports",
+    )
     parser.add_argument("--cls", default="Broyden", help="the solver class in both modules")
     parser.add_argument("--options", default="memory=10", help="the solver's fields, k=v,...")
     parser.add_argument("--d", type=int, default=512)

@@ -7,7 +7,8 @@
 ``import deqjax`` loads only JAX and numpy: the solvers, ``fixed_point``, the adjoints,
 ``dq.jacobian``, ``dq.initializers``, ``dq.theory`` and ``dq.regularization``. The Haiku layer
 ``dq.nn``, ``dq.models``, ``dq.training``, ``dq.data`` and ``dq.harness`` (with Haiku, optax, orbax,
-matplotlib) are imported on first use: ``dq.nn.DEQ`` and ``from deqjax import nn`` both work.
+matplotlib), and the Flax NNX and Equinox layers ``dq.nnx`` and ``dq.equinox`` (with their
+framework), are imported on first use: ``dq.nn.DEQ`` and ``from deqjax import nn`` both work.
 """
 
 import importlib as _importlib
@@ -37,8 +38,9 @@ from deqjax._src.fixed_point_correction import (
 
 __version__ = "0.2.0"
 
-# Submodules that need Haiku, optax, orbax or matplotlib: imported on first attribute access.
-_LAZY_SUBMODULES = ("data", "harness", "models", "nn", "training")
+# Submodules that need Haiku, Flax, Equinox, optax, orbax or matplotlib: imported on first
+# attribute access.
+_LAZY_SUBMODULES = ("data", "equinox", "harness", "models", "nn", "nnx", "training")
 
 __all__ = [
     "Adjoint",
@@ -53,12 +55,14 @@ __all__ = [
     "correction_states",
     "correction_weights",
     "data",
+    "equinox",
     "fixed_point",
     "harness",
     "initializers",
     "jacobian",
     "models",
     "nn",
+    "nnx",
     "regularization",
     "solvers",
     "theory",

@@ -1,7 +1,8 @@
 """Random-matrix initializers for DEQs (init paper §2, §5.3): Haiku initializers and pure samplers.
 
 One naming rule. A CamelCase name is an initializer object, passed as ``w_init=`` to any Haiku
-module and called by Haiku as ``(shape, dtype) -> array`` with a key from ``hk.next_rng_key()``:
+module and called by Haiku as ``(shape, dtype) -> array`` with a key from ``hk.next_rng_key()``,
+or as ``kernel_init=`` to a Flax module, called as JAX's ``(key, shape, dtype) -> array``:
 ``Gaussian``, ``HaarOrthogonal``, ``GOE``, ``Antisymmetric``, ``HaarNormal``. The snake_case name
 of the same family is its pure sampler, a function of a key with no Haiku state:
 ``gaussian(key, shape, *, scale=1.0, dtype=None)``, ``haar_orthogonal``, ``goe``,

@@ -8,7 +8,8 @@
 ...     return hk.Linear(10)(z)
 """
 
-from deqjax._src.nn.deq import DEQ, DEQOutput
+from deqjax._src.deq.deq_output import DEQOutput
+from deqjax._src.nn.deq import DEQ
 from deqjax._src.nn.mlp_cell import MLPCell
 from deqjax._src.nn.multiscale_cell import MultiscaleCell
 from deqjax._src.nn.norms import GroupNorm, LayerNorm

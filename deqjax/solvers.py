@@ -7,6 +7,12 @@ e.g. the implicit backward ``u = g + Jᵀu``). Each has a function form taking t
 keywords (``anderson(f, z0, tol=1e-6)`` is ``Anderson(tol=1e-6)(f, z0)``); :func:`as_solver` turns
 a function, a ``functools.partial`` or a user's own callable into an object.
 
+States may be complex (``complex64``, ``complex128``: vectors of ``C^n``). Anderson's and Broyden's
+models, and GMRES and BiCGStab, assume a map that is complex-linear to first order (a cell
+holomorphic in ``z``); for a cell through ``conj(z)``, ``abs``, ``real`` or ``imag`` of the state
+use ``FixedPointIteration`` (or ``NormalCG`` for an affine map), or write the state as its real
+and imaginary parts.
+
 ``solver.to_dict()`` and :func:`from_dict` store and rebuild a solver (a run's config);
 ``solver.replace(...)`` makes a variant. :func:`status_name` names a status code and
 :func:`summarize` turns a Solution into a metrics dict.
@@ -15,7 +21,8 @@ a function, a ``functools.partial`` or a user's own callable into an object.
 from deqjax._src.normalise import as_solver
 from deqjax._src.solvers.anderson import Anderson, anderson
 from deqjax._src.solvers.base import Solver
-from deqjax._src.solvers.broyden import Broyden, BroydenInverse, broyden
+from deqjax._src.solvers.broyden import Broyden, broyden
+from deqjax._src.solvers.broyden_inverse import BroydenInverse
 from deqjax._src.solvers.fixed_point_iteration import FixedPointIteration, fixed_point_iteration
 from deqjax._src.solvers.krylov import GMRES, BiCGStab, NormalCG, bicgstab, gmres, normal_cg
 from deqjax._src.solvers.registry import from_dict

@@ -33,8 +33,9 @@ from deqjax._src.training.actions.report_progress import ReportProgress
 from deqjax._src.training.actions.run_diagnostics import RunDiagnostics
 from deqjax._src.training.actions.save_checkpoints import SaveCheckpoints
 from deqjax._src.training.actions.stop_on_sigterm import StopOnSigterm
-from deqjax._src.training.checkpoint import Checkpointer, CheckpointError, RestoreError
-from deqjax._src.training.checkpoints_adapter import Checkpoints
+from deqjax._src.training.checkpoint import Checkpointer
+from deqjax._src.training.checkpoint_contents import CheckpointError, RestoreError
+from deqjax._src.training.checkpoints import Checkpoints
 from deqjax._src.training.data_parallel import (
     PER_DEVICE,
     REPLICATED,

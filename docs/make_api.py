@@ -103,7 +103,7 @@ def signature(name: str, obj: object) -> str:
     if what == "constant":
         return f"{name} = {_value(obj)}"
     try:
-        sig = inspect.signature(obj)
+        sig = _constructor(obj) if what == "class" else inspect.signature(obj)
     except (TypeError, ValueError):
         return name
     params = _parameters(sig)
@@ -114,6 +114,17 @@ def signature(name: str, obj: object) -> str:
     if len(one_line) <= _LINE or not params:
         return one_line
     return "\n".join([f"{name}(", *(f"    {p}," for p in params), f"){returns}"])
+
+
+def _constructor(cls: type) -> inspect.Signature:
+    """A class's constructor signature: ``__init__``'s (without ``self``) where a metaclass's
+    ``__call__`` hides it behind ``(*args, **kwargs)`` (Flax NNX modules)."""
+    sig = inspect.signature(cls)
+    kinds = {p.kind for p in sig.parameters.values()}
+    if kinds == {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+        init = inspect.signature(cls.__init__)
+        sig = init.replace(parameters=list(init.parameters.values())[1:])
+    return sig
 
 
 def _parameters(sig: inspect.Signature) -> list[str]:

@@ -14,7 +14,17 @@ import textwrap
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-HEAVY = ("haiku", "optax", "orbax", "matplotlib", "tqdm", "sentencepiece", "tensorflow_datasets")
+HEAVY = (
+    "haiku",
+    "optax",
+    "orbax",
+    "matplotlib",
+    "tqdm",
+    "sentencepiece",
+    "tensorflow_datasets",
+    "flax",
+    "equinox",
+)
 
 USE_THE_CORE = """
 import functools
@@ -35,6 +45,7 @@ key = jax.random.key(0)
 dq.jacobian.frobenius_sq(lambda z: jnp.tanh(z), jnp.ones(3), key)
 dq.initializers.GOE(1.0)
 dq.initializers.goe(key, (4, 4), scale=0.5)
+dq.initializers.HaarOrthogonal(0.5)(key, (4, 4), jnp.float32)  # JAX's protocol: no Haiku
 dq.theory.spectral_radius(0.9, "goe", 1.0, "tanh")
 reg = dq.regularization.JacobianRegularizer(1.0, p=0.5)
 reg.penalty(lambda z: jnp.tanh(z), jnp.ones(3), key)
@@ -75,6 +86,25 @@ def test_the_layers_above_load_on_first_use(name, heavy):
     print({heavy!r} in sys.modules, module.__name__)
     """
     assert _run(code).split() == ["True", f"deqjax.{name}"]
+
+
+FRONT_ENDS = [("nnx", "flax"), ("equinox", "equinox")]
+
+
+@pytest.mark.parametrize("name, framework", FRONT_ENDS)
+def test_each_front_end_loads_its_framework_and_not_haiku(name, framework):
+    other = {"flax": "equinox", "equinox": "flax"}[framework]
+    code = f"""
+    import sys
+    import deqjax as dq
+    assert {framework!r} not in sys.modules
+    assert {name!r} in dir(dq) and {name!r} in dq.__all__
+    module = dq.{name}
+    from deqjax import {name} as again
+    assert again is module and module.DEQ.__module__.startswith("deqjax._src")
+    print({framework!r} in sys.modules, {other!r} in sys.modules, "haiku" in sys.modules)
+    """
+    assert _run(code).split() == ["True", "False", "False"]
 
 
 def test_unknown_attribute_is_an_attribute_error():

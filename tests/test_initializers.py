@@ -103,3 +103,24 @@ def test_reprs_and_plain_objects():
         "object",
     ]
     assert dqi.HaarNormal(disk, 0.5, normalize=False).normalize is False
+
+
+@pytest.mark.parametrize("name", SAMPLER_OF)
+def test_objects_take_jaxs_protocol_with_the_key_first(name):
+    """``init(key, shape, dtype)`` (jax.nn.initializers, flax.nnx.initializers): the sampler's
+    array for that key, the dtype positional or keyword or defaulted, no Haiku transform."""
+    init, sampler, key = getattr(dqi, name)(0.8), SAMPLER_OF[name], jax.random.key(5)
+    want = sampler(key, (6, 6), scale=0.8, dtype=jnp.float64)
+    np.testing.assert_array_equal(init(key, (6, 6), jnp.float64), want)
+    np.testing.assert_array_equal(init(key, (6, 6), dtype=jnp.float64), want)
+    np.testing.assert_array_equal(init(key, (6, 6)), sampler(key, (6, 6), scale=0.8))
+    raw = jax.random.PRNGKey(5)  # a raw uint32 key is a key too
+    np.testing.assert_array_equal(
+        init(raw, [6, 6], jnp.float64), sampler(raw, (6, 6), scale=0.8, dtype=jnp.float64)
+    )
+
+
+def test_haar_normal_takes_jaxs_protocol():
+    init, key = dqi.HaarNormal(disk, 0.5), jax.random.key(2)
+    want = dqi.haar_normal(key, (4, 4), disk, scale=0.5, dtype=jnp.float64)
+    np.testing.assert_array_equal(init(key, (4, 4), jnp.float64), want)

@@ -1,15 +1,24 @@
-"""Haiku initializers drawing DEQ weights from random-matrix ensembles (init paper §2, §5.3).
+"""Initializers drawing DEQ weights from random-matrix ensembles (init paper §2, §5.3), for
+Haiku, Flax and Equinox alike.
 
-Each class is a plain object implementing Haiku's initializer protocol ``(shape, dtype) -> array``
-around a pure sampler of :mod:`deqjax._src.random_matrices`: ``__call__`` draws
-``hk.next_rng_key()`` and calls the sampler, so it works as the ``w_init=`` of any Haiku module.
-The reshape convention (``fan_in = prod(shape[:-1])``, matrix ``[fan_in, fan_out]``, so
-``hk.Linear``, attention projections and conv kernels all work) and the scale convention
-``E[(1/n) tr(W W^T)] = scale**2`` are documented in that module. Haiku is imported inside
-``__call__``: building an initializer, and importing this module, needs only JAX.
+Each class is a plain object around a pure sampler of :mod:`deqjax._src.random_matrices` that
+takes both initializer protocols:
+
+* Haiku's ``init(shape, dtype)``: the key is ``hk.next_rng_key()``, so it works as the
+  ``w_init=`` of any Haiku module;
+* JAX's ``init(key, shape, dtype=None)`` (``jax.nn.initializers``, ``flax.nnx.initializers``): a
+  key array first, so it works as the ``kernel_init=`` of any Flax module, and as what
+  ``deqjax.equinox``'s cells draw their weights with at construction.
+
+The first argument tells them apart: a key array, or a shape. The reshape convention
+(``fan_in = prod(shape[:-1])``, matrix ``[fan_in, fan_out]``, so ``hk.Linear``/``nnx.Linear``
+kernels, attention projections and conv kernels all work) and the scale convention
+``E[(1/n) tr(W W^T)] = scale**2`` are documented in that module. Haiku is imported only by a
+Haiku-form call: building an initializer, importing this module and a JAX-form call need only JAX.
 
 Example:
   >>> linear = hk.Linear(256, w_init=dq.initializers.HaarOrthogonal(0.9))
+  >>> linear = nnx.Linear(256, 256, kernel_init=dq.initializers.HaarOrthogonal(0.9), rngs=rngs)
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from deqjax._src import random_matrices
 
@@ -29,14 +39,32 @@ def _next_rng_key() -> jax.Array:
     return hk.next_rng_key()
 
 
+def _jax_form(key: jax.Array, shape: Sequence[int], dtype: Any = None) -> tuple[Any, ...]:
+    return key, shape, dtype
+
+
+def _haiku_form(shape: Sequence[int], dtype: Any) -> tuple[Any, ...]:
+    return _next_rng_key(), shape, dtype
+
+
+def key_shape_dtype(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """``(key, shape, dtype)`` of an initializer call in either protocol (module docstring): JAX's
+    ``(key, shape, dtype=None)`` when the first argument is an array (a key), else Haiku's
+    ``(shape, dtype)`` with ``hk.next_rng_key()``."""
+    if args and isinstance(args[0], (jax.Array, np.ndarray)):
+        return _jax_form(*args, **kwargs)
+    return _haiku_form(*args, **kwargs)
+
+
 class _EnsembleInitializer:
     """Shared constructor (an eagerly validated ``scale``) and call: ``sampler(key, shape,
-    scale=scale, dtype=dtype)`` with Haiku's next key; a subclass names its ``sampler``."""
+    scale=scale, dtype=dtype)`` with the key given (JAX form) or Haiku's next key; a subclass names
+    its ``sampler``."""
 
     sampler: Any = None
 
     def __init__(self, scale: float = 1.0):
-        """Builds the initializer; Haiku is needed only when it is called.
+        """Builds the initializer; Haiku is needed only when Haiku calls it.
 
         Args:
           scale: ``E[(1/n) tr(W W^T)] = scale**2``; a finite number ``>= 0``.
@@ -51,8 +79,10 @@ class _EnsembleInitializer:
             raise ValueError("scale must be a concrete number, not a traced value.")
         self.scale = float(scale)
 
-    def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
-        return type(self).sampler(_next_rng_key(), shape, scale=self.scale, dtype=dtype)
+    def __call__(self, *args: Any, **kwargs: Any) -> jax.Array:
+        """``init(shape, dtype)`` (Haiku) or ``init(key, shape, dtype=None)`` (JAX, Flax)."""
+        key, shape, dtype = key_shape_dtype(args, kwargs)
+        return type(self).sampler(key, shape, scale=self.scale, dtype=dtype)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(scale={self.scale})"
@@ -123,9 +153,11 @@ class HaarNormal(_EnsembleInitializer):
         self.eigenvalue_sampler = eigenvalue_sampler
         self.normalize = bool(normalize)
 
-    def __call__(self, shape: Sequence[int], dtype: Any) -> jax.Array:
+    def __call__(self, *args: Any, **kwargs: Any) -> jax.Array:
+        """``init(shape, dtype)`` (Haiku) or ``init(key, shape, dtype=None)`` (JAX, Flax)."""
+        key, shape, dtype = key_shape_dtype(args, kwargs)
         return random_matrices.haar_normal(
-            _next_rng_key(),
+            key,
             shape,
             self.eigenvalue_sampler,
             scale=self.scale,

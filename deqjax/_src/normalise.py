@@ -125,7 +125,9 @@ def as_solver(solver: Any, *, name: str = "solver") -> Solver:
       A hashable, frozen :class:`~deqjax.solvers.Solver`.
 
     Raises:
-      ValueError: ``solver`` is not callable, or a partial binds keywords the solver lacks.
+      ValueError: ``solver`` is not callable, is a solver class (not an instance), is a function
+        of deqjax's solver modules that is not registered, or is a partial that binds keywords
+        the solver lacks.
 
     Example:
       >>> dq.solvers.as_solver(functools.partial(dq.solvers.anderson, tol=1e-3))
@@ -133,6 +135,11 @@ def as_solver(solver: Any, *, name: str = "solver") -> Solver:
     """
     if isinstance(solver, Solver):
         return solver
+    if isinstance(solver, type) and issubclass(solver, Solver):
+        raise ValueError(
+            f"{name} must be a solver object, not the class {solver.__name__}: pass an instance, "
+            f"e.g. dq.solvers.{solver.__name__}()."
+        )
     if isinstance(solver, functools.partial) and not solver.args:
         inner = as_solver(solver.func, name=name)
         if not isinstance(inner, CustomSolver):
@@ -143,6 +150,11 @@ def as_solver(solver: Any, *, name: str = "solver") -> Solver:
     cls = registry.BY_FUNCTION.get(solver) if _hashable(solver) else None
     if cls is not None:
         return cls()
+    if _in_solver_modules(solver):
+        raise ValueError(
+            f"{name}: {solver.__qualname__} is defined among deqjax's solvers but is not a "
+            "registered solver function (deqjax._src.solvers.registry.function_form)."
+        )
     if not callable(solver):
         raise ValueError(f"{name} must be a solver (object, function or partial), got {solver!r}.")
     bound = solver.keywords if isinstance(solver, functools.partial) else {}
@@ -151,6 +163,13 @@ def as_solver(solver: Any, *, name: str = "solver") -> Solver:
         keywords=frozenset(k for k in _PASSED if accepts_keyword(solver, k)),
         **{k: bound[k] for k in _SETTINGS + _PASSED if k in bound},
     )
+
+
+def _in_solver_modules(obj: Any) -> bool:
+    """Whether ``obj`` is defined in ``deqjax.solvers`` or a module of ``deqjax._src.solvers``:
+    a function of theirs that is not registered is a deqjax bug, never a user's own solver."""
+    module = getattr(obj, "__module__", None) or ""
+    return module == "deqjax.solvers" or module.startswith("deqjax._src.solvers.")
 
 
 def _hashable(obj: Any) -> bool:

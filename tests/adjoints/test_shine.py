@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import deqjax as dq
-from deqjax._src.solvers import broyden as broyden_lib
+from deqjax._src.solvers import broyden_inverse as broyden_lib
 
 D = 12
 BROYDEN = functools.partial(dq.solvers.broyden, max_steps=40, tol=1e-12)

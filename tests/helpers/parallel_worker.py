@@ -15,7 +15,7 @@ writes the losses, gradient norms, fallback rates and final parameters of each; 
 the sharded and pmapped steps' compiled programs (inside solver loops and outside); and each
 device's forward NFE on a batch whose shards differ in difficulty, with each shard's NFE solved
 alone. With ``--save``/``--resume`` it trains sharded, checkpoints the placed state with
-:class:`~deqjax.training.Checkpointer` (orbax writes the global arrays), or restores it onto this
+:class:`~deqjax.training.Checkpoints` (orbax writes the global arrays), or restores it onto this
 process's devices (another number of them, say) and trains on to ``--steps``.
 """
 
@@ -94,11 +94,15 @@ def problem(seed: int = 0):
 PAIR = dq.training.train_step(loss_fn, optax.sgd(0.05), backward_stats=True)
 
 
+class _NoData:
+    state: dict = {}
+
+
 def train(parallel, params, batches, steps, *, save=None, resume=None):
     step = parallel.map_update(PAIR.update)
     state = parallel.put(PAIR.init(params, jax.random.PRNGKey(0)), STATE_KINDS)
     if resume is not None:
-        with dq.training.Checkpointer(resume) as ckpt:
+        with dq.training.Checkpoints(resume) as ckpt:
             restored = ckpt.restore(template=parallel.saveable(state, STATE_KINDS))
         state = parallel.put(restored.state, STATE_KINDS)
     hlo = step.lower(state, parallel.put(batches[0], SHARDED)).compile().as_text()
@@ -107,8 +111,8 @@ def train(parallel, params, batches, steps, *, save=None, resume=None):
         state, metrics = step(state, parallel.put(batch, SHARDED))
         records.append({k: float(v) for k, v in parallel.get(metrics, REPLICATED).items()})
     if save is not None:
-        with dq.training.Checkpointer(save) as ckpt:
-            ckpt.save(steps, parallel.saveable(state, STATE_KINDS))
+        with dq.training.Checkpoints(save) as ckpt:  # no data position: an empty one
+            ckpt.save(steps, parallel.saveable(state, STATE_KINDS), _NoData(), force=True)
     final = parallel.get(state, STATE_KINDS).params
     return {
         "losses": [r["loss"] for r in records],

@@ -11,7 +11,7 @@ import pytest
 
 import deqjax as dq
 from deqjax import initializers
-from deqjax._src.nn import relative_attention as ra
+from deqjax._src.cells import relative_attention as ra
 from deqjax.nn import DEQ, TransformerCell
 from tests.helpers.sequence_cells import (
     BIG,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from deqjax import solvers
-from deqjax._src.solvers import broyden
+from deqjax._src.solvers import broyden_inverse
 from tests.helpers.solver_problems import (
     KINDS,
     SCALES,
@@ -90,7 +90,7 @@ def test_hard_case_broyden_memory_10_converges_within_100_steps():
 def test_return_inverse_puts_the_estimate_in_the_solution():
     """return_inverse puts a BroydenInverse in the Solution: ``memory`` rows, or with
     ``memory=None`` ``max_steps`` rounded up to whole blocks of 16 (read block by block); a
-    batch-native solve checked every k > 1 steps adds a scratch row (never valid)."""
+    batch-native solve checked every k > 1 steps has the same rows as one checked every step."""
     a = jnp.asarray([[0.3, 0.1], [-0.2, 0.4]])
     f = lambda z: a @ z + 1.0  # noqa: E731
     sol = solvers.Broyden(tol=1e-12, stop_mode="abs", return_inverse=True)(f, jnp.zeros(2))
@@ -101,7 +101,7 @@ def test_return_inverse_puts_the_estimate_in_the_solution():
     assert limited.inverse_estimate.valid.shape == (5,)
     chunked = solvers.Broyden(tol=1e-12, memory=5, return_inverse=True, batch_ndim=1, check_every=4)
     valid = chunked(lambda z: z @ a.T + 1.0, jnp.zeros((3, 2))).inverse_estimate.valid
-    assert valid.shape == (3, 6) and not bool(valid[:, 5].any())
+    assert valid.shape == (3, 5)
 
 
 @pytest.mark.parametrize("memory", [3, None])
@@ -134,7 +134,7 @@ def test_steps_only_form_equals_dense_broyden(memory, batch_ndim):
         )
         np.testing.assert_allclose(pick(sol.samples), want_xs, rtol=1e-10, atol=1e-12)
         estimate = jax.tree_util.tree_map(pick, sol.inverse_estimate)
-        got_h = np.stack([broyden.inverse_matvec(estimate, e) for e in jnp.eye(6)], 1)
+        got_h = np.stack([broyden_inverse.inverse_matvec(estimate, e) for e in jnp.eye(6)], 1)
         np.testing.assert_allclose(got_h, want_h, rtol=1e-9, atol=1e-11)
         # The estimate is not just -I, and the restarts (memory 3) were exercised.
         assert np.max(np.abs(want_h + np.eye(6))) > 1e-2

@@ -21,7 +21,7 @@ import pytest
 
 from deqjax import solvers
 from deqjax._src import tree
-from deqjax._src.solvers import broyden
+from deqjax._src.solvers import broyden_inverse
 from tests.helpers.solver_problems import dense_broyden
 
 N = 6
@@ -134,6 +134,44 @@ def test_nonlinear_nonholomorphic_map_reaches_its_known_fixed_point(name):
     np.testing.assert_allclose(sol.abs_residual, recomputed_residual(f, sol.value), rtol=1e-6)
 
 
+def _conj_affine(norm=0.8, seed=4):
+    """``f(z) = A conj(z) + b`` (``||A||_2 = norm``: a contraction), whose Jacobian is only
+    real-linear, and its fixed point from the dense real system on ``(Re z, Im z)``:
+    ``x = Ar x + Ai y + br``, ``y = Ai x - Ar y + bi``."""
+    a, b = complex_problem(seed=seed)
+    a = norm * a / np.linalg.norm(a, 2)
+    big = np.block([[a.real, a.imag], [a.imag, -a.real]])
+    xy = np.linalg.solve(np.eye(2 * N) - big, np.concatenate([b.real, b.imag]))
+    aj, bj = jnp.asarray(a), jnp.asarray(b)
+    return (lambda z: aj @ jnp.conj(z) + bj), xy[:N] + 1j * xy[N:]
+
+
+@pytest.mark.parametrize("name", ["FixedPointIteration", "FixedPointIteration(damping)"])
+def test_a_cell_linear_in_conj_z_is_solved_by_fixed_point_iteration(name):
+    """The solver the Anderson and Broyden docstrings name for a cell that is not holomorphic:
+    it assumes nothing of the Jacobian and reaches the dense fixed point."""
+    f, z_star = _conj_affine()
+    sol = FIXED_POINT[name](tol=1e-11, stop_mode="abs")(f, jnp.zeros(N, jnp.complex128))
+    assert int(sol.status) == solvers.CONVERGED
+    np.testing.assert_allclose(sol.value, z_star, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["Anderson", "Broyden", "Broyden(line_search)"])
+def test_anderson_and_broyden_solve_such_a_cell_on_its_real_and_imaginary_parts(name):
+    """The other way their docstrings give: the state as the pair ``(Re z, Im z)`` of real
+    arrays, on which their models are those of ``R^{2n}``."""
+    f, z_star = _conj_affine()
+
+    def on_parts(xy):
+        out = f(jax.lax.complex(xy[0], xy[1]))
+        return jnp.stack([out.real, out.imag])
+
+    sol = FIXED_POINT[name](tol=1e-11, stop_mode="abs")(on_parts, jnp.zeros((2, N)))
+    assert int(sol.status) == solvers.CONVERGED
+    value = np.asarray(sol.value)
+    np.testing.assert_allclose(value[0] + 1j * value[1], z_star, atol=1e-9)
+
+
 @pytest.mark.parametrize("name", list(FIXED_POINT))
 def test_holomorphic_nonlinear_map(name):
     """``z = z* + A (z - z*) + 0.3 (z - z*)^2``: holomorphic, fixed point ``z*``."""
@@ -206,9 +244,9 @@ def test_broyden_iterates_and_inverse_equal_dense_complex_broyden(memory, batch_
     np.testing.assert_allclose(pick(sol.samples), want_xs, rtol=1e-10, atol=1e-12)
     estimate = jax.tree_util.tree_map(pick, sol.inverse_estimate)
     eye = jnp.eye(N, dtype=jnp.complex128)
-    got_h = np.stack([broyden.inverse_matvec(estimate, e) for e in eye], 1)
+    got_h = np.stack([broyden_inverse.inverse_matvec(estimate, e) for e in eye], 1)
     np.testing.assert_allclose(got_h, want_h, rtol=1e-9, atol=1e-11)
-    got_ht = np.stack([broyden.inverse_rmatvec(estimate, e) for e in eye], 1)
+    got_ht = np.stack([broyden_inverse.inverse_rmatvec(estimate, e) for e in eye], 1)
     np.testing.assert_allclose(got_ht, want_h.T, rtol=1e-9, atol=1e-11)
     assert np.max(np.abs(want_h + np.eye(N))) > 1e-2  # the estimate is not just -I
 
@@ -232,7 +270,7 @@ def test_broyden_line_search_inverse_equals_dense_complex_broyden():
     )
     np.testing.assert_allclose(sol.samples, want_xs, rtol=1e-9, atol=1e-12)
     eye = jnp.eye(N, dtype=jnp.complex128)
-    got_h = np.stack([broyden.inverse_matvec(sol.inverse_estimate, e) for e in eye], 1)
+    got_h = np.stack([broyden_inverse.inverse_matvec(sol.inverse_estimate, e) for e in eye], 1)
     np.testing.assert_allclose(got_h, want_h, rtol=1e-8, atol=1e-10)
 
 
@@ -374,3 +412,13 @@ def test_bicgstab_iterates_equal_dense_complex_bicgstab():
             lambda u: mj @ u, jnp.asarray(b), jnp.zeros(8, jnp.complex128), target, iters, 0
         )
         np.testing.assert_allclose(got, _dense_complex_bicgstab(m, b, iters), rtol=1e-10)
+
+
+@pytest.mark.parametrize("cls", [solvers.Anderson, solvers.Broyden])
+def test_anderson_and_broyden_name_the_solver_for_a_cell_through_conj_z(cls):
+    """Their complex models assume a holomorphic cell: the caveat stands in their docstrings,
+    with the solver that works (the tests above) and the real and imaginary parts."""
+    doc = " ".join(cls.__doc__.split())
+    assert "conj(z)" in doc and "holomorphic" in doc
+    assert "FixedPointIteration" in doc and "(Re z, Im z)" in doc
+    assert "FixedPointIteration" in " ".join(solvers.__doc__.split())

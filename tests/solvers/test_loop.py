@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import deqjax as dq
 from deqjax._src.solvers.loop import bounded_while_loop
 
 
@@ -45,7 +46,8 @@ def test_scan_is_reverse_differentiable_while_is_not():
 def test_python_loop_cannot_be_traced_and_bad_arguments_raise():
     with pytest.raises(jax.errors.ConcretizationTypeError):
         jax.jit(lambda x: halve_until_small(x, "python", 20))(jnp.asarray(100.0))
+    # The loop's settings are a solver object's fields, validated once where it is made.
     with pytest.raises(ValueError, match="loop"):
-        halve_until_small(jnp.asarray(1.0), "for", 20)
+        dq.solvers.FixedPointIteration(loop="for")
     with pytest.raises(ValueError, match="max_steps"):
-        halve_until_small(jnp.asarray(1.0), "while", 0)
+        dq.solvers.FixedPointIteration(max_steps=0)

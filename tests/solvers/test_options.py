@@ -99,3 +99,15 @@ def test_construction_runs_no_jax(monkeypatch):
     ):
         cls(max_steps=7)
         cls().replace(tol=1e-3, batch_ndim=1)
+
+
+def test_sample_steps_are_sorted_once_where_the_object_is_made():
+    """Any sequence of distinct steps becomes one sorted tuple at construction (the driver reads
+    it as it is): two spellings of the same steps make the same, equally hashed, solver."""
+    solver = solvers.FixedPointIteration(max_steps=8, tol=0.0, sample_steps=[4, 0, 2])
+    same = solvers.FixedPointIteration(max_steps=8, tol=0.0, sample_steps=(0, 2, 4))
+    assert solver.sample_steps == (0, 2, 4)
+    assert solver == same and hash(solver) == hash(same)
+    sol = solver(_f, jnp.ones(3))
+    for i, step in enumerate(solver.sample_steps):
+        assert float(sol.samples[i, 0]) == 0.5**step

@@ -3,8 +3,6 @@
 
 import json
 import os
-import socket
-import subprocess
 import sys
 
 import numpy as np
@@ -12,6 +10,7 @@ import pytest
 
 from deqjax import training
 from deqjax._src.training.distributed import distributed_config
+from tests.helpers.processes import free_port, run_together
 from tests.helpers.train_worker import WORKER, worker_env
 
 
@@ -34,36 +33,19 @@ def test_distributed_config_from_flags_and_env():
     assert training.initialize_distributed(environ={}) is None  # single process: no-op
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["sharded", "pmap"])
 def test_two_processes_agree(tmp_path, parallel):
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
+    port = free_port()
+    run_together(
+        [
             [sys.executable, WORKER, "dist", tmp_path / f"p{i}.json", "--workdir", tmp_path]
-            + ["--port", str(port), "--process_id", str(i), "--num_processes", "2"]
-            + ["--num_steps", "6", "--batch_size", "64", "--parallel", parallel],
-            env=worker_env(1),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=240)
-            assert p.returncode == 0, err[-4000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+            + ["--port", port, "--process_id", i, "--num_processes", 2]
+            + ["--num_steps", 6, "--batch_size", 64, "--parallel", parallel]
+            for i in range(2)
+        ],
+        env=worker_env(1),
+    )
     r0, r1 = (json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2))
     assert (r0["process_count"], r0["device_count"], r0["local_batch_size"]) == (2, 2, 32)
     assert (r0["process_index"], r1["process_index"]) == (0, 1)

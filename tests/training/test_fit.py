@@ -289,7 +289,7 @@ def test_nonfinite_loss_skips_the_update_and_is_counted(tmp_path):
     # a skipped step leaves the parameters where they were: 6 of 8 updates applied
     w = float(np.asarray(result.state.params["w"])[0])
     assert w == pytest.approx(1.0 - 0.8**6, rel=1e-5)
-    ckpt = training.Checkpointer(tmp_path / "ckpt")
+    ckpt = training.Checkpoints(tmp_path / "ckpt")
     assert all(all_finite(ckpt.restore(template=result.state).state) for _ in [0])
     ckpt.close()
 
@@ -297,7 +297,7 @@ def test_nonfinite_loss_skips_the_update_and_is_counted(tmp_path):
 def test_nonfinite_streak_stops_the_run_with_finite_checkpoints(tmp_path):
     with pytest.raises(training.NonFiniteError, match="non-finite for the last 3 steps"):
         _toy_fit(tmp_path, _nan_at(list(range(3, 100))), max_nonfinite_steps=3, num_steps=20)
-    ckpt = training.Checkpointer(tmp_path / "ckpt")
+    ckpt = training.Checkpoints(tmp_path / "ckpt")
     assert ckpt.all_steps() == [4, 5]  # the streak reached 3 at step 6: stopped before saving it
     restored = ckpt.restore(template=_toy_state())
     assert all_finite(restored.state)
@@ -316,7 +316,7 @@ def test_overflowing_update_is_never_checkpointed(tmp_path):
 
     with pytest.raises(training.NonFiniteError, match="not checkpointed"):
         _toy_fit(tmp_path, loss_fn, optimizer=optax.sgd(1.0))
-    ckpt = training.Checkpointer(tmp_path / "ckpt")
+    ckpt = training.Checkpoints(tmp_path / "ckpt")
     assert ckpt.all_steps() == [1]  # rotation kept the last finite checkpoint
     assert all_finite(ckpt.restore(template=_toy_state()).state)
     ckpt.close()
@@ -341,7 +341,7 @@ def test_fresh_fit_refuses_an_earlier_runs_files_and_resume_needs_a_checkpoint(t
     assert [r["step"] for r in training.read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 7))
     _toy_fit(tmp_path, loss_fn, num_steps=2, overwrite=True)
     assert [r["step"] for r in training.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
-    ckpt = training.Checkpointer(tmp_path / "ckpt")
+    ckpt = training.Checkpoints(tmp_path / "ckpt")
     assert ckpt.all_steps() == [1, 2]
     ckpt.close()
 
@@ -350,7 +350,7 @@ def test_an_all_nan_run_stops_without_skip_nonfinite(tmp_path):
     """The guard reads the loss itself when the optimizer does not count skipped updates."""
     with pytest.raises(training.NonFiniteError, match="non-finite for the last 3 steps"):
         _toy_fit(tmp_path, _nan_at(list(range(100))), max_nonfinite_steps=3, skip=False)
-    ckpt = training.Checkpointer(tmp_path / "ckpt")
+    ckpt = training.Checkpoints(tmp_path / "ckpt")
     assert ckpt.all_steps() == [1, 2]  # the streak reached 3 at step 3: stopped before saving
     ckpt.close()
 

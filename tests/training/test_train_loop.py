@@ -244,9 +244,9 @@ def test_the_loop_built_by_hand_from_fits_parts_gives_fits_history(tmp_path):
     assert _untimed(hand_file) == _untimed(training.read_jsonl(tmp_path / "fit" / "metrics.jsonl"))
     host = parallel.get(result.state, kinds)
     assert tree_digest(host) == tree_digest(fitted.state)
+    checkpoints.close()  # an asynchronous save in flight is finished here
     saved = os.listdir(tmp_path / "hand" / "ckpt")
     assert sorted(int(name) for name in saved if name.isdigit()) == [4, 8, 10]
-    checkpoints.close()
 
 
 def test_fit_in_pmap_mode_gives_the_sharded_history():

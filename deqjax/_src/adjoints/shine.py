@@ -39,7 +39,7 @@ from deqjax._src.adjoints import backward_stats as stats_lib
 from deqjax._src.adjoints import base as adjoint_base
 from deqjax._src.adjoints import implicit, primal
 from deqjax._src.solvers import broyden as broyden_lib
-from deqjax._src.solvers import solution
+from deqjax._src.solvers import broyden_inverse, solution
 
 PyTree = Any
 CellFn = Callable[[PyTree, PyTree, PyTree], PyTree]
@@ -56,11 +56,11 @@ class _ShineConfig:
 
 
 def _estimate(
-    vjp: Callable, g: PyTree, inverse: broyden_lib.BroydenInverse, refine_steps: int
+    vjp: Callable, g: PyTree, inverse: broyden_inverse.BroydenInverse, refine_steps: int
 ) -> PyTree:
     """SHINE's adjoint: ``u = −Bᵀ g`` with ``B ≈ J_g⁻¹``, ``g(z) = f(z) − z``, then
     ``refine_steps`` steps of ``u ← g + J_f(z*)ᵀ u`` (DEQ paper, Eq. 11)."""
-    u = tree.tree_scale(-1.0, broyden_lib.inverse_rmatvec(inverse, g))
+    u = tree.tree_scale(-1.0, broyden_inverse.inverse_rmatvec(inverse, g))
     if refine_steps:
         h = backward_lib.adjoint_map(vjp, g)
         u = jax.lax.fori_loop(0, refine_steps, lambda _, u: h(u), u)

@@ -1,47 +1,26 @@
-"""The pure functions a training loop needs from a DEQ classifier: the loss (cross entropy with
-the optional Jacobian regulariser, JR paper Eq. 4), per-example evaluation, and occasional DEQ
-diagnostics (backward-solve convergence, ``‖J_f(z*)‖_F``, ``ρ(J_f(z*))``).
+"""The pure functions a training loop needs from a Haiku DEQ classifier: the loss (cross entropy
+with the optional Jacobian regulariser, JR paper Eq. 4), per-example evaluation, and occasional
+DEQ diagnostics (backward-solve convergence, ``‖J_f(z*)‖_F``, ``ρ(J_f(z*))``), computed by the
+framework-free :mod:`deqjax._src.classifier_objective` (as the NNX and Equinox classifiers' are).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import haiku as hk
 import jax
-import jax.numpy as jnp
-import optax
 
-from deqjax._src import jacobian as jacobian_lib
+from deqjax._src import classifier_objective as objective
 from deqjax._src import jacobian_regularization as jr_lib
+from deqjax._src.classifier_objective import ClassifierFns
 from deqjax._src.models import mlp_classifier
 from deqjax._src.normalise import as_solver
 from deqjax._src.solvers.base import Solver
-from deqjax._src.solvers.solution import CONVERGED
-from deqjax._src.solvers.summary import summarize
-
-
-class ClassifierFns(NamedTuple):
-    """Pure functions of a classifier (no Haiku state, no apply rng).
-
-    ``init(key, images) -> params``; ``loss(params, images, labels, key, gamma, step) -> (loss,
-    metrics)``; ``evaluate(params, images, labels) -> {name: per-example [B]}``;
-    ``diagnostics(params, images, labels, key) -> {name: scalar}``.
-    """
-
-    init: Callable[..., Any]
-    loss: Callable[..., Any]
-    evaluate: Callable[..., Any]
-    diagnostics: Callable[..., Any]
-
 
 _MakeModel = Callable[[], mlp_classifier.MLPClassifier]
-
-
-def _accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    return (jnp.argmax(logits, -1).astype(labels.dtype) == labels).astype(jnp.float32)
 
 
 def classifier_fns(
@@ -95,36 +74,13 @@ def _loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Cross entropy (+ the JR penalty at strength ``gamma``) and the training metrics."""
     logits, out = make_model()(images)
-    ce = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
-    metrics = {
-        "cross_entropy": ce,
-        "accuracy": jnp.mean(_accuracy(logits, labels)),
-        **summarize(out.solution),
-    }
-    loss = ce
-    if regularizer is not None:
-        term, jr_metrics = regularizer.penalty(out.cell_fn, out.z_star, key, step, gamma=gamma)
-        loss = loss + term.astype(ce.dtype)
-        metrics.update(jr_metrics)
-    return loss, metrics
+    return objective.loss(logits, labels, out, regularizer, key, gamma, step)
 
 
 def _evaluate(make_model: _MakeModel, images: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
     """Per-example accuracy, loss, NFE, residual and convergence, ``[B]`` each."""
     logits, out = make_model()(images)
-    sol = out.solution
-    nfe = sol.num_steps.astype(jnp.float32)
-    rel = sol.rel_residual.astype(jnp.float32)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    return {
-        "accuracy": _accuracy(logits, labels),
-        "loss": ce.astype(jnp.float32),
-        "nfe": nfe,
-        "nfe_max": nfe,
-        "rel_residual": rel,
-        "rel_residual_max": rel,
-        "converged": (sol.status == CONVERGED).astype(jnp.float32),
-    }
+    return objective.evaluate(logits, labels, out.solution)
 
 
 def _diagnostics(
@@ -141,21 +97,12 @@ def _diagnostics(
     model = make_model()
     _, out = model(images)
     w, b = model.head_params
-    z = jax.lax.stop_gradient(out.z_star)
-    ce = lambda z_: optax.softmax_cross_entropy_with_integer_labels(z_ @ w + b[None], labels)  # noqa: E731
-    g = jax.grad(lambda z_: jnp.mean(ce(z_)))(z)
-    bwd = jacobian_lib.backward_convergence(
-        lambda p, x, z_: out.cell_fn(z_), (), (), z, g, solver=backward_solver
+    return objective.diagnostics(
+        out,
+        lambda z: z @ w + b[None],
+        labels,
+        key,
+        backward_solver=backward_solver,
+        probes=diag_probes,
+        power_steps=diag_power_steps,
     )
-    k_fro, k_rho = jax.random.split(key)
-    fro_sq = jacobian_lib.frobenius_sq(out.cell_fn, z, k_fro, num_samples=diag_probes)
-    rho = jacobian_lib.spectral_radius(out.cell_fn, z, k_rho, num_steps=diag_power_steps)
-    f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
-    return {
-        "bwd_rel_residual": f32(bwd.rel_residual),
-        "bwd_abs_residual": f32(bwd.abs_residual),
-        "bwd_nfe": f32(bwd.num_steps),
-        "jac_frobenius": f32(jnp.sqrt(fro_sq * z.shape[-1])),
-        "jac_frobenius_sq_per_dim": f32(fro_sq),
-        "spectral_radius": f32(rho),
-    }

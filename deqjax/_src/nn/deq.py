@@ -14,7 +14,7 @@ and must treat the examples of a batch independently (no statistics across the b
 **Batching** (``per_example: bool``). ``True`` (default): each example stops on its own, in one
 loop for the whole batch when the solver is batch-native (declares ``batch_ndim``), else as a
 ``jax.vmap`` of single-problem solves; ``False``: one solve for the whole batch. See
-:mod:`deqjax._src.nn.batch_modes`.
+:mod:`deqjax._src.deq.batch_modes`.
 
 **Parameters.** Inside ``DEQ`` the cell becomes a pure ``apply(params, ctx, rng, x, z)`` with
 ``hk.transform_with_state``; its parameters are created with ``hk.lift`` (``allow_reuse=True``)
@@ -68,54 +68,22 @@ adjoint re-runs it under ``grad``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import haiku as hk
-import jax
-import jax.numpy as jnp
 
-from deqjax._src import checks, tree
-from deqjax._src import precision as precision_lib
 from deqjax._src.adjoints.base import Adjoint
-from deqjax._src.adjoints.implicit import ImplicitAdjoint
-from deqjax._src.nn import batch_modes, per_forward
-from deqjax._src.normalise import accepts_keyword, as_solver
-from deqjax._src.solvers.anderson import Anderson
+from deqjax._src.deq import batch_modes, forward_pass
+from deqjax._src.deq.deq_config import ANDERSON, DEQConfig, checked_config, resolved_config
+from deqjax._src.deq.deq_output import DEQOutput
+from deqjax._src.nn import per_forward
+from deqjax._src.normalise import accepts_keyword
 from deqjax._src.solvers.base import Solver
-from deqjax._src.solvers.solution import MAX_STEPS, Solution
+from deqjax._src.solvers.solution import Solution
 
 PyTree = Any
 Cell = Callable[..., PyTree]
-
-_ANDERSON = Anderson()  # the default forward solver
-
-
-class DEQOutput(NamedTuple):
-    """What :meth:`DEQ.solve` returns.
-
-    Attributes:
-      z_star: the equilibrium ``z*``, a pytree like the state, differentiable (per ``adjoint``).
-      solution: the forward :class:`~deqjax.solvers.Solution`; per-example mode: every field has
-        a leading batch axis (``num_steps`` ``[B]``, ``trace`` ``[B, max_steps]``...).
-      cell_fn: ``z ↦ f_θ(z; x)`` of this forward pass (same parameters, dropout masks and key),
-        batched like ``z_star``; differentiable in the parameters. Use it only inside the same
-        Haiku transform (it closes over traced values), e.g. for
-        ``JacobianRegularizer.penalty(out.cell_fn, out.z_star, key, step)``.
-      f_star: ``f(z*)``, the cell output at the returned equilibrium as the solver evaluated it
-        (``solution.f_value``, no extra cell evaluation; ``None`` when the solver returns no
-        ``f_value``). Its value is ``f(z*)``; its gradient is that of ``z_star``
-        (``z* + stop_gradient(f(z*) - z*)``). With the implicit adjoint this equals the gradient
-        of the readout ``cell_fn(z_star)`` up to the backward solve's tolerance: ``∂f/∂θ +
-        J (I - J)⁻¹ ∂f/∂θ = (I - J)⁻¹ ∂f/∂θ`` (DEQ paper Theorem 1), at the cost of no extra
-        cell application forward or backward. With other adjoints use ``cell_fn(z_star)`` to
-        differentiate an explicit extra application. At ``init`` without ``solve_at_init`` it
-        equals ``z_star``.
-    """
-
-    z_star: PyTree
-    solution: Solution
-    cell_fn: Callable[[PyTree], PyTree]
-    f_star: PyTree = None
+LAYER = "dq.nn.DEQ"  # the layer's name in error messages
 
 
 class DEQ(hk.Module):
@@ -167,7 +135,7 @@ class DEQ(hk.Module):
         self,
         cell: Cell,
         *,
-        solver: Any = _ANDERSON,
+        solver: Any = ANDERSON,
         adjoint: Adjoint | None = None,
         eval_solver: Any = None,
         per_example: bool = True,
@@ -177,65 +145,28 @@ class DEQ(hk.Module):
         name: str | None = None,
     ):
         super().__init__(name=name)
-        if not callable(cell):
-            raise ValueError(f"cell must be callable, got {type(cell).__name__}.")
-        solver = as_solver(solver, name="solver")
-        if eval_solver is not None:
-            eval_solver = as_solver(eval_solver, name="eval_solver")
-        if adjoint is not None and not isinstance(adjoint, Adjoint):
-            raise ValueError(f"adjoint must be a deqjax adjoint object, got {adjoint!r}.")
-        if init_state is not None and not callable(init_state):
-            raise ValueError(f"init_state must be callable or None, got {init_state!r}.")
-        self._configure(
+        config = checked_config(
             cell,
             solver=solver,
-            eval_solver=eval_solver,
             adjoint=adjoint,
-            per_example=checks.check_bool(per_example, "per_example"),
+            eval_solver=eval_solver,
+            per_example=per_example,
             init_state=init_state,
-            solve_at_init=solve_at_init,
-            precision=precision_lib.check_precision(precision),
+            precision=precision,
         )
+        self._configure(cell, config, solve_at_init=solve_at_init)
 
-    def _configure(
-        self,
-        cell: Cell,
-        *,
-        solver: Solver,
-        eval_solver: Solver | None,
-        adjoint: Adjoint | None,
-        per_example: bool,
-        init_state: Callable[[PyTree], PyTree] | None,
-        solve_at_init: bool,
-        precision: str | None,
-    ) -> None:
-        """Holds the settings, checked by the caller (``__init__``, or :class:`CheckedDEQ` for
-        settings a :class:`~deqjax.models.DEQSettings` checked); ``None`` takes the defaults."""
+    def _configure(self, cell: Cell, config: DEQConfig, *, solve_at_init: bool) -> None:
+        """Holds the cell and the settings, checked by the caller (``__init__``, or
+        :class:`CheckedDEQ` for settings a :class:`~deqjax.models.DEQSettings` checked)."""
         self.cell = cell
-        self.solver = solver
-        self.eval_solver = solver if eval_solver is None else eval_solver
-        self.adjoint = ImplicitAdjoint() if adjoint is None else adjoint
-        self.per_example = per_example
-        self.init_state = init_state
+        self.config = config
         self.solve_at_init = solve_at_init
-        self.precision = precision
         self._pass_is_training = accepts_keyword(cell, "is_training")
 
     def initial_state(self, x: PyTree) -> PyTree:
         """The ``z0`` used when none is given (see ``init_state``)."""
-        if self.init_state is not None:
-            return self.init_state(x)
-        if hasattr(self.cell, "initial_state"):
-            return self.cell.initial_state(x)
-        return jax.tree_util.tree_map(jnp.zeros_like, x)
-
-    def _initial_state_name(self) -> str:
-        """How :meth:`initial_state` makes ``z0``, for an error message."""
-        if self.init_state is not None:
-            return "init_state(x)"
-        if hasattr(self.cell, "initial_state"):
-            return "cell.initial_state(x)"
-        return "zeros_like(x)"
+        return self.config.start(self.cell, x, None)
 
     def __call__(
         self,
@@ -301,33 +232,23 @@ class DEQ(hk.Module):
         self, x: PyTree, z0: PyTree | None, is_training: bool, backward_stats: Any
     ) -> DEQOutput:
         """The one forward pass of ``__call__`` and :meth:`solve`: parameters, solve, cell map."""
-        if z0 is None:
-            z0 = self.initial_state(x)
-            tree.check_state_tree(z0, f"z0 = {self._initial_state_name()} (no z0 was given)")
-        else:
-            tree.check_state_tree(z0, "z0")
-        solver = self.solver if is_training else self.eval_solver
-        mode = batch_modes.mode_of(self.per_example, solver)
-        if mode is not batch_modes.Mode.WHOLE_BATCH:
-            batch_modes.batch_size((x, z0), "x and z0")
-        cell = per_forward.phased_cell(self._cell_fn(is_training), self.precision)
+        begin = forward_pass.start(self.config, self.cell, x, z0, is_training=is_training)
+        cell = per_forward.phased_cell(self._cell_fn(is_training), self.config.precision)
         init_key = hk.next_rng_key() if hk.running_init() else None
-        with batch_modes.naming_user_shapes(x, z0, mode):
+        with batch_modes.naming_user_shapes(x, begin.z0, begin.mode, LAYER):
             lift = hk.lift(cell.init, allow_reuse=True)
-            params = lift(init_key, *batch_modes.init_inputs(mode, x, z0))
-        mode_solver = batch_modes.mode_solver(mode, solver)
-        solve = batch_modes.solve_batch(cell, mode_solver, self.adjoint, backward_stats)
-        bound = batch_modes.bind(mode, cell, solve, params, x, hk.maybe_next_rng_key())
-        with batch_modes.naming_user_shapes(x, z0, mode):
-            if hk.running_init() and not self.solve_at_init:
-                # Skip the solve (compiling it for init would double the compile time): z* :=
-                # f(z0), a Solution of the right structure with no steps taken.
-                z_star = bound.cell_fn(z0)
-                shapes = jax.eval_shape(bound.solve, params, x, z0, bound.keys)[1]
-                sol = _unsolved(shapes, z_star, batch_ndim=int(self.per_example))
-            else:
-                z_star, sol = bound.solve(params, x, z0, bound.keys)
-        return DEQOutput(z_star, sol, bound.cell_fn, _f_star(z_star, sol))
+            params = lift(init_key, *batch_modes.init_inputs(begin.mode, x, begin.z0))
+        return forward_pass.solve(
+            begin,
+            cell,
+            self.config.adjoint,
+            params,
+            x,
+            hk.maybe_next_rng_key(),
+            backward_stats,
+            layer=LAYER,
+            skip=hk.running_init() and not self.solve_at_init,
+        )
 
     def _cell_fn(self, is_training: bool) -> Callable[[PyTree, PyTree], PyTree]:
         """``(x, z) -> cell(z, x[, is_training])``: the function the DEQ transforms."""
@@ -354,47 +275,7 @@ class CheckedDEQ(DEQ):
         name: str | None = None,
     ):
         hk.Module.__init__(self, name="deq" if name is None else name)  # DEQ's default name
-        self._configure(
-            cell,
-            solver=solver,
-            eval_solver=eval_solver,
-            adjoint=adjoint,
-            per_example=True,
-            init_state=None,
-            solve_at_init=False,
-            precision=precision,
+        config = resolved_config(
+            solver=solver, eval_solver=eval_solver, adjoint=adjoint, precision=precision
         )
-
-
-def _f_star(z_star: PyTree, sol: Solution) -> PyTree:
-    """``f(z*)`` as the solver evaluated it, with the gradient of ``z*`` (``None`` when a user
-    solver returns no ``f_value``)."""
-    if sol.f_value is None:
-        return None
-    return jax.tree_util.tree_map(
-        lambda z, fz: z + jax.lax.stop_gradient(fz - z), z_star, sol.f_value
-    )
-
-
-def _unsolved(shapes: Solution, value: PyTree, *, batch_ndim: int) -> Solution:
-    """A Solution shaped like ``shapes`` for "no solve ran": 0 steps, +inf residuals, MAX_STEPS;
-    ``samples`` (a solver given ``sample_steps``) hold ``value`` each, the sample axis after the
-    ``batch_ndim`` batch axes."""
-    full = lambda s, v: jnp.full(s.shape, v, s.dtype)  # noqa: E731
-    samples = None
-    if shapes.samples is not None:
-        samples = jax.tree_util.tree_map(
-            lambda s, v: jnp.broadcast_to(jnp.expand_dims(v, batch_ndim), s.shape).astype(s.dtype),
-            shapes.samples,
-            value,
-        )
-    return Solution(
-        value=value,
-        num_steps=full(shapes.num_steps, 0),
-        abs_residual=full(shapes.abs_residual, jnp.inf),
-        rel_residual=full(shapes.rel_residual, jnp.inf),
-        trace=full(shapes.trace, jnp.inf),
-        status=full(shapes.status, MAX_STEPS),
-        f_value=value,
-        samples=samples,
-    )
+        self._configure(cell, config, solve_at_init=False)

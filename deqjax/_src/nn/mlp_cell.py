@@ -19,7 +19,9 @@ outside the solver loop, with :func:`~deqjax.nn.per_forward`):
 
 ``w_init`` initialises the recurrent (``z``-side) weights ``W``/``W₁``/``W₂``; ``u_init`` the
 injection ``U``. Optional weight norm (recurrent weights) and variational dropout on the hidden
-activation (on the output for ``"single"``), both held fixed across solver iterations.
+activation (on the output for ``"single"``), both held fixed across solver iterations. The
+equations are the framework-free cell's (:func:`deqjax._src.cells.mlp.equations`), which the
+Flax NNX and Equinox ``MLPCell`` compute with too.
 """
 
 from __future__ import annotations
@@ -30,11 +32,9 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import checks
+from deqjax._src.cells import mlp
 from deqjax._src.nn import norms, variational_dropout, weight_norm
 from deqjax._src.nn.per_forward import per_forward
-
-FORMS = ("resnet", "single", "two_layer")
 
 
 class MLPCell(hk.Module):
@@ -78,17 +78,9 @@ class MLPCell(hk.Module):
         name: str | None = None,
     ):
         super().__init__(name=name)
-        if form not in FORMS:
-            raise ValueError(f"form must be one of {FORMS}, got {form!r}.")
-        if hidden_size is not None:
-            checks.check_positive_int(hidden_size, "hidden_size")
-            if form == "single":
-                raise ValueError("hidden_size must be None for form='single' (W is [D, D]).")
-        for arg, value in (("activation", activation), ("w_init", w_init), ("u_init", u_init)):
-            if value is not None and not callable(value):
-                raise ValueError(f"{arg} must be callable, got {value!r}.")
-        if activation is None:
-            raise ValueError("activation must be callable, got None.")
+        dropout_rate = mlp.check_settings(
+            hidden_size, form, activation, dropout_rate, {"w_init": w_init, "u_init": u_init}
+        )
         self.hidden_size = hidden_size
         self.form = form
         self.activation = activation
@@ -132,18 +124,15 @@ class MLPCell(hk.Module):
             return out
 
         u = per_forward("injection", injection)
-
-        if self.form == "single":
-            w = weight("W", [d, d])
-            return self.dropout(phi(z @ w + u), is_training=is_training)  # [B, D]
-
-        w1 = weight("W1", [d, h])
-        w2 = weight("W2", [h, d])
-        if self.form == "two_layer":
-            hid = self.dropout(phi(z @ w1 + u), is_training=is_training)  # [B, H]
-            return hid @ w2  # [B, D]
-
-        ln = lambda name: norms.LayerNorm(name=name)  # noqa: E731
-        hid = ln("ln1")(phi(z @ w1))  # [B, H]
-        hid = self.dropout(hid, is_training=is_training)
-        return ln("ln3")(phi(z + ln("ln2")(u + hid @ w2)))  # [B, D]
+        names = mlp.weight_names(self.form)
+        shapes = {"W": [d, d], "W1": [d, h], "W2": [h, d]}
+        w = {name: weight(name, shapes[name]) for name in names}
+        return mlp.equations(
+            self.form,
+            phi,
+            z,
+            u,
+            w,
+            lambda name, v: norms.LayerNorm(name=name)(v),
+            lambda v: self.dropout(v, is_training=is_training),
+        )

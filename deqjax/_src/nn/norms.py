@@ -1,7 +1,8 @@
 """Layer and group normalisation written for the library's strict promotion rules.
 
 Same maths as ``hk.LayerNorm``/``hk.GroupNorm`` (Ba et al. 2016; Wu & He 2018), channels last,
-with explicit broadcasting (the test suite runs with ``jax_numpy_rank_promotion="raise"``).
+with explicit broadcasting (the test suite runs with ``jax_numpy_rank_promotion="raise"``); the
+layer norm is the framework-free cells' (:func:`deqjax._src.cells.layers.layer_norm`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks
+from deqjax._src.cells import layers
 
 
 class LayerNorm(hk.Module):
@@ -27,13 +29,9 @@ class LayerNorm(hk.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         c = x.shape[-1]
-        mean = jnp.mean(x, axis=-1, keepdims=True)
-        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-        y = (x - mean) * jax.lax.rsqrt(var + jnp.asarray(self.eps, x.dtype))
-        bshape = (1,) * (x.ndim - 1) + (c,)
-        scale = hk.get_parameter("scale", [c], x.dtype, init=jnp.ones).reshape(bshape)
-        offset = hk.get_parameter("offset", [c], x.dtype, init=jnp.zeros).reshape(bshape)
-        return y * scale + offset
+        scale = hk.get_parameter("scale", [c], x.dtype, init=jnp.ones)
+        offset = hk.get_parameter("offset", [c], x.dtype, init=jnp.zeros)
+        return layers.layer_norm(x, scale, offset, eps=self.eps)
 
 
 class GroupNorm(hk.Module):

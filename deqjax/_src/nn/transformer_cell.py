@@ -23,62 +23,27 @@ textbook pre-LN ``out = y + FFN(LN₂(y))`` (Xiong et al. 2020) makes ``f(z) = z
 DEQ: the relative residual ``‖g‖ / ‖z + g‖`` falls as ``‖z‖`` grows, so the solver "converges" by
 inflating ``z*``, ``J = I + O(1/‖z‖)`` (‖J‖²_F/d pinned at 1) and the model cannot train
 (REPRODUCTION.md, claim 5).
+
+The equations are the framework-free cell's (:mod:`deqjax._src.cells.transformer`), which the Flax
+NNX and Equinox ``TransformerCell`` compute with too; this module owns the Haiku parameters.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import checks
+from deqjax._src.cells import transformer
+from deqjax._src.cells.transformer import TransformerInput
 from deqjax._src.nn import norms, variational_dropout, weight_norm
-from deqjax._src.nn import relative_attention as rel_attn
 from deqjax._src.nn.per_forward import per_forward
 
 Initializer = Any  # hk.initializers.Initializer or any (shape, dtype) -> array callable
 
-# JR paper App. A.4 / DEQ code: every weight starts from N(0, 0.01).
-_PAPER_STDDEV = 0.01
-
-
-class TransformerInput(NamedTuple):
-    """The input of :class:`TransformerCell` when it carries a memory.
-
-    Attributes:
-      x: ``[B, T, Dx]`` the segment's input embeddings (injected into Q, K, V).
-      mems: ``[B, M, D]`` the previous segment's equilibrium (its last ``M`` positions) or ``None``.
-    """
-
-    x: jax.Array
-    mems: jax.Array | None = None
-
-
-class _Weights(NamedTuple):
-    """The layer's weights: attention ``W_Q, W_K, W_V, W_O`` ``[D, D]``, FFN ``W_1`` ``[D, F]``,
-    ``W_2`` ``[F, D]``, biases ``b_O`` ``[D]``, ``b_1`` ``[F]``, ``b_2`` ``[D]``, and the content
-    and position biases ``u, v`` ``[H, Dh]``."""
-
-    w_q: jax.Array
-    w_k: jax.Array
-    w_v: jax.Array
-    w_o: jax.Array
-    w_1: jax.Array
-    w_2: jax.Array
-    b_o: jax.Array
-    b_1: jax.Array
-    b_2: jax.Array
-    u_bias: jax.Array
-    v_bias: jax.Array
-
-
-def _check_initializer(value: Any, name: str) -> None:
-    if value is not None and not callable(value):
-        raise ValueError(
-            f"{name} must be an initializer (callable (shape, dtype)) or None, got {value!r}."
-        )
+_PAPER_STDDEV = transformer.PAPER_STDDEV  # JR paper App. A.4: every weight from N(0, 0.01)
 
 
 class TransformerCell(hk.Module):
@@ -148,27 +113,24 @@ class TransformerCell(hk.Module):
         name: str | None = None,
     ):
         super().__init__(name=name)
-        checks.check_positive_int(d_model, "d_model")
-        checks.check_positive_int(num_heads, "num_heads")
-        if d_model % 2:
-            raise ValueError(
-                f"d_model must be even (sinusoidal relative embeddings), got {d_model}."
-            )
-        if d_model % num_heads:
-            raise ValueError(f"num_heads={num_heads} must divide d_model={d_model}.")
-        if d_ff is None:
-            d_ff = 4 * d_model
-        checks.check_positive_int(d_ff, "d_ff")
-        checks.check_bool(pre_ln, "pre_ln")
-        checks.check_bool(weight_norm, "weight_norm")
-        _check_initializer(w_init, "w_init")
-        _check_initializer(attn_w_init, "attn_w_init")
-        _check_initializer(inject_w_init, "inject_w_init")
+        d_ff, dropout = transformer.check_settings(
+            d_model,
+            num_heads,
+            d_ff,
+            dropout,
+            pre_ln=pre_ln,
+            weight_norm=weight_norm,
+            initializers={
+                "w_init": w_init,
+                "attn_w_init": attn_w_init,
+                "inject_w_init": inject_w_init,
+            },
+        )
         self.d_model = d_model
         self.num_heads = num_heads
         self.d_head = d_model // num_heads
         self.d_ff = d_ff
-        self.dropout = variational_dropout.check_rate(dropout, "dropout")
+        self.dropout = dropout
         self.pre_ln = pre_ln
         self.weight_norm = weight_norm
         self.w_init = w_init
@@ -194,9 +156,9 @@ class TransformerCell(hk.Module):
         Returns:
           ``[B, T, D]`` the new state.
         """
-        inputs, mems = (x.x, x.mems) if isinstance(x, TransformerInput) else (x, None)
-        self._check_shapes(z, inputs, mems)
-        b, t, d = z.shape
+        inputs, mems = transformer.split_input(x)
+        transformer.check_shapes(z.shape, inputs, mems, self.d_model)
+        t = z.shape[1]
         drop = self.dropout if is_training else 0.0
         ln_attn = norms.LayerNorm(name="ln_attn")
         ln_ffn = norms.LayerNorm(name="ln_ffn")
@@ -205,38 +167,27 @@ class TransformerCell(hk.Module):
         inject = per_forward("injection", lambda: self._injection(inputs, z.dtype))  # [B, T, 3, D]
         m = 0 if mems is None else mems.shape[1]
         r = per_forward("relative_embedding", lambda: self._relative_embedding(m + t, z.dtype))
+        memory = None
         if mems is not None:
-
-            def memory_kv():
-                mem_in = ln_attn(mems) if self.pre_ln else mems  # [B, M, D]
-                return mem_in @ w.w_k, mem_in @ w.w_v  # [B, M, D] each
-
-            memory = per_forward("memory_kv", memory_kv)
-        # ---- per solver step ----------------------------------------------------------------
-        z_in = ln_attn(z) if self.pre_ln else z  # [B, T, D]
-        a = self._attention(z_in, inject, None if mems is None else memory, r, w, drop)
-        y = z + a if self.pre_ln else ln_attn(z + a)  # [B, T, D]
-        # pre-LN: the FFN's skip path starts after LN₂ (JR paper's DEQ-Transformer code), so the
-        # output LN₂(y) + FFN(LN₂(y)) does not carry the scale of z (see the module docstring).
-        y_in = ln_ffn(y) if self.pre_ln else y  # [B, T, D]
-        hidden = jax.nn.relu(y_in @ w.w_1 + w.b_1[None, None])  # [B, T, F]
-        hidden = variational_dropout.time_shared_dropout("drop_ff1", hidden, drop)
-        ff = hidden @ w.w_2 + w.b_2[None, None]  # [B, T, D]
-        ff = variational_dropout.time_shared_dropout("drop_ff2", ff, drop)
-        return y_in + ff if self.pre_ln else ln_ffn(y + ff)  # [B, T, D]
-
-    def _check_shapes(self, z: jax.Array, inputs: jax.Array, mems: jax.Array | None) -> None:
-        d = self.d_model
-        if inputs.ndim != 3:
-            raise ValueError(f"x must be [B, T, Dx], got shape {inputs.shape}.")
-        b, t, _ = inputs.shape
-        if z.shape != (b, t, d):
-            raise ValueError(f"z must be [B, T, D] = {(b, t, d)}, got shape {z.shape}.")
-        if mems is not None and (mems.ndim != 3 or mems.shape[0] != b or mems.shape[2] != d):
-            raise ValueError(f"mems must be [B, M, D] with B={b}, D={d}, got shape {mems.shape}.")
+            memory = per_forward(
+                "memory_kv", lambda: transformer.memory_kv(mems, w, ln_attn, self.pre_ln)
+            )
+        # ---- per solver step: the framework-free cell's equations ------------------------------
+        return transformer.equations(
+            z,
+            inject,
+            memory,
+            r,
+            w,
+            num_heads=self.num_heads,
+            pre_ln=self.pre_ln,
+            ln_attn=ln_attn,
+            ln_ffn=ln_ffn,
+            drop=lambda name, v: variational_dropout.time_shared_dropout(name, v, drop),
+        )
 
     @hk.transparent
-    def _weights(self, dtype: Any) -> _Weights:
+    def _weights(self, dtype: Any) -> transformer.Weights:
         """The layer's weights (plain or weight-normed, computed once per forward) and biases."""
         d, f, h, dh = self.d_model, self.d_ff, self.num_heads, self.d_head
         paper_init = hk.initializers.RandomNormal(_PAPER_STDDEV)
@@ -249,7 +200,7 @@ class TransformerCell(hk.Module):
             )
 
         bias_init = hk.initializers.RandomUniform(-0.05, 0.05)  # as the DEQ-Transformer code
-        return _Weights(
+        return transformer.Weights(
             w_q=weight("w_q", (d, d), attn_init),
             w_k=weight("w_k", (d, d), attn_init),
             w_v=weight("w_v", (d, d), attn_init),
@@ -270,7 +221,7 @@ class TransformerCell(hk.Module):
         init = self.inject_w_init or hk.initializers.RandomNormal(_PAPER_STDDEV)
         ws = [hk.get_parameter(f"w_inject_{n}", (dx, d), dtype, init=init) for n in "qkv"]
         b_x = hk.get_parameter("b_inject", (3, d), dtype, init=jnp.zeros)  # [3, D]
-        return jnp.stack([inputs @ w for w in ws], axis=2) + b_x[None, None]  # [B, T, 3, D]
+        return transformer.injection(ws, b_x, inputs)  # [B, T, 3, D]
 
     @hk.transparent
     def _relative_embedding(self, length: int, dtype: Any) -> jax.Array:
@@ -278,41 +229,4 @@ class TransformerCell(hk.Module):
         d = self.d_model
         init = self.attn_w_init or hk.initializers.RandomNormal(_PAPER_STDDEV)
         w_r = hk.get_parameter("w_r", (d, d), dtype, init=init)  # [D, D] (no weight norm)
-        pos = rel_attn.relative_positions(length, dtype)  # [K]
-        r = rel_attn.sinusoidal_embedding(pos, d) @ w_r  # [K, D]
-        return r.reshape(length, self.num_heads, self.d_head)
-
-    @hk.transparent
-    def _attention(
-        self,
-        z_in: jax.Array,
-        inject: jax.Array,
-        memory: tuple[jax.Array, jax.Array] | None,
-        r: jax.Array,
-        w: _Weights,
-        drop: float,
-    ) -> jax.Array:
-        """Relative self-attention over the memory and the segment, output projected: ``[B, T,
-        D]``; ``memory``: the memory's keys and values, ``[B, M, D]`` each."""
-        b, t, d = z_in.shape
-        h, dh = self.num_heads, self.d_head
-        q = z_in @ w.w_q + inject[:, :, 0]  # [B, T, D]
-        k = z_in @ w.w_k + inject[:, :, 1]  # [B, T, D]
-        v = z_in @ w.w_v + inject[:, :, 2]  # [B, T, D]
-        if memory is not None:
-            k = jnp.concatenate([memory[0], k], axis=1)  # [B, M+T, D]
-            v = jnp.concatenate([memory[1], v], axis=1)  # [B, M+T, D]
-        q = variational_dropout.time_shared_dropout("drop_q", q, drop)
-        k = variational_dropout.time_shared_dropout("drop_k", k, drop)
-        v = variational_dropout.time_shared_dropout("drop_v", v, drop)
-        kk = k.shape[1]
-        attn = rel_attn.relative_attention(
-            q.reshape(b, t, h, dh),
-            k.reshape(b, kk, h, dh),
-            v.reshape(b, kk, h, dh),
-            r,
-            w.u_bias,
-            w.v_bias,
-        )  # [B, T, H, Dh]
-        a = attn.reshape(b, t, d) @ w.w_o + w.b_o[None, None]  # [B, T, D]
-        return variational_dropout.time_shared_dropout("drop_attn", a, drop)
+        return transformer.relative_embedding(w_r, length, self.num_heads)  # [K, H, Dh]

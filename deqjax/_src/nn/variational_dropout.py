@@ -14,19 +14,8 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import checks
+from deqjax._src.cells.layers import check_rate
 from deqjax._src.nn.per_forward import per_forward
-
-
-def check_rate(rate: float, name: str) -> float:
-    """``rate`` as a float, checked to be a dropout rate in ``[0, 1)``.
-
-    Raises:
-      ValueError: naming ``name``, for a non-real ``rate`` or one outside ``[0, 1)``.
-    """
-    if not 0.0 <= checks.check_real(rate, name) < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {rate!r}.")
-    return float(rate)
 
 
 class VariationalDropout(hk.Module):

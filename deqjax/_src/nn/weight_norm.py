@@ -15,6 +15,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+from deqjax._src.cells import layers
 from deqjax._src.nn.per_forward import per_forward
 
 
@@ -86,11 +87,11 @@ class WeightNorm(hk.Module):
             )
             v = hk.get_parameter("v", self.shape, dtype, init=w_init)
             g_shape = [1 if i in self.axes else s for i, s in enumerate(self.shape)]
-            norm = jnp.sqrt(jnp.sum(jnp.square(v), axis=self.axes, keepdims=True))
+            norm = layers.weight_norm_gain(v, self.axes)
             # The init honours the dtype it is asked for (a mixed-precision policy creates the
             # parameters in float32 while v is read in the compute dtype).
             g = hk.get_parameter("g", g_shape, dtype, init=lambda _, d: norm.astype(d))
-            return v * (g / norm)
+            return layers.weight_normalised(v, g, self.axes)
 
         return per_forward("w", compute)
 

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg
 
 from deqjax._src import checks, tree
-from deqjax._src.solvers import driver
+from deqjax._src.solvers import driver, registry
 from deqjax._src.solvers.problem import Problem
 from deqjax._src.solvers.solution import Solution
 
@@ -56,9 +56,9 @@ def _spd_solve(h: jax.Array, rhs: jax.Array) -> jax.Array:
     (stable for SPD and HPD matrices).
 
     A ``fori_loop`` of ``m`` steps on the augmented ``[*batch, m, m + 1]`` system, one fused
-    kernel each: for the small Gram systems of Anderson acceleration it costs a few µs per solver
-    step on CPU, where LAPACK's batched ``potrf`` and two ``trsm`` calls (one call per matrix)
-    cost about 40 µs at ``B = 128, m = 5`` (BENCHMARKS.md, "Loop cost"); it compiles as fast.
+    kernel each, in place of LAPACK's batched ``potrf`` and two ``trsm`` calls, which make one
+    call per matrix: for the small Gram systems of Anderson acceleration it is the cheaper per
+    solver step, and compiles as fast (BENCHMARKS.md, "Loop cost", "Where a step's time went").
     """
     m = h.shape[-1]
     rows = jnp.arange(m).reshape((m, 1))
@@ -111,6 +111,12 @@ class Anderson(driver.DriverSolver):
     With ``batch_ndim``, the Gram matrices (``[*batch, m, m]``) and their small solves are
     batched, and the ring buffer slot (the shared step counter mod ``m``) is written with one
     ``dynamic_update_slice``.
+
+    A complex state is mixed with complex coefficients, a model of a complex-linear Jacobian: for a
+    cell that is not holomorphic in ``z`` (through ``conj(z)``, ``abs``, ``real`` or ``imag`` of the
+    state) Anderson may need far more steps than fixed-point iteration, or stop at ``max_steps``
+    where it converges. Solve such a cell with :class:`~deqjax.solvers.FixedPointIteration`, or pass
+    its state as the pair of real arrays ``(Re z, Im z)``, on which Anderson mixes in ``R^{2n}``.
 
     Example:
       >>> solver = dq.solvers.Anderson(max_steps=30, tol=1e-3)
@@ -177,6 +183,7 @@ class Anderson(driver.DriverSolver):
         return driver.ProposalRule(propose, state0)
 
 
+@registry.function_form(Anderson)
 def anderson(f: Callable[[PyTree], PyTree], z0: PyTree, /, **options) -> Solution:
     """Solves ``z = f(z)`` by Anderson acceleration: ``Anderson(**options)(f, z0)``.
 

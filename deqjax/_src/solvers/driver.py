@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from deqjax._src import tree
 from deqjax._src.solvers import loop as loop_lib
 from deqjax._src.solvers import stopping, verify
-from deqjax._src.solvers.options import DriverOptions, check_sample_steps
+from deqjax._src.solvers.options import DriverOptions
 from deqjax._src.solvers.problem import Problem, check_problem
 from deqjax._src.solvers.solution import Solution
 
@@ -176,7 +176,7 @@ def solve(problem: Problem, options: DriverOptions, rule: ProposalRule) -> Solut
     its ``value``. Costs one masked select over the ``n``-row sample buffer per step; ``None``
     keeps no buffer.
     """
-    sample_steps = check_sample_steps(options.sample_steps, options.max_steps)
+    sample_steps = options.sample_steps  # sorted, validated by the options
     z0, bn = problem.z0, problem.batch_ndim
     sample_ids, samples0 = None, ()
     if sample_steps is not None:
@@ -199,7 +199,7 @@ def solve(problem: Problem, options: DriverOptions, rule: ProposalRule) -> Solut
         init,
         max_steps=options.max_steps,
         loop=options.loop,
-        check_every=loop_lib.resolve_check_every(options.check_every),
+        check_every=loop_lib.steps_per_check(options.check_every, options.max_steps),
     )
     book = c.book
     samples = None

@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any, Callable
 
 from deqjax._src import checks, tree
-from deqjax._src.solvers import driver
+from deqjax._src.solvers import driver, registry
 from deqjax._src.solvers.problem import Problem
 from deqjax._src.solvers.solution import Solution
 
@@ -49,6 +49,7 @@ class FixedPointIteration(driver.DriverSolver):
         return driver.ProposalRule(propose, ())
 
 
+@registry.function_form(FixedPointIteration)
 def fixed_point_iteration(f: Callable[[PyTree], PyTree], z0: PyTree, /, **options) -> Solution:
     """Solves ``z = f(z)`` by damped fixed-point iteration, ``FixedPointIteration(**options)``.
 

@@ -37,8 +37,8 @@ residual or ``A v`` orthogonalised, and only the cycle's closing least squares s
 the loop (the start at ``z0`` is the loop's first step, and ``b = f(0)`` is never evaluated: see
 :func:`_body`), and the loop does not nest: the chunked form
 (:func:`jax.scipy.sparse.linalg.gmres` inside a chunk loop) had five nested loops, and a
-fixed-point gradient with it as the fallback took 2.4 s to trace and compile on 2 CPU cores,
-against 1.3–1.9 s with a two-branch body (BENCHMARKS.md). A step reduces the state three times:
+fixed-point gradient with it as the fallback took longer to trace and compile than with a
+two-branch body (BENCHMARKS.md, "Eager calls"). A step reduces the state three times:
 the stopping rule's ``‖f(u) − u‖`` and ``‖f(u)‖`` (which also give the step ``s``), and the new
 basis vector's norm (which with its projections gives ``‖A v‖``).
 
@@ -222,6 +222,50 @@ class _Setup(NamedTuple):
     cost: int  # evaluations charged per cycle: n + 3
 
 
+def _new_column(
+    s: _Setup,
+    c: _Carry,
+    w: PyTree,
+    at_u: jax.Array,
+    j: jax.Array,
+    target: jax.Array,
+    running: jax.Array,
+) -> tuple[PyTree, jax.Array, jax.Array, jax.Array]:
+    """``w`` (the residual ``r`` at a cycle's start, else ``A v``) orthogonalised against the basis
+    and normalised, as the new column of ``V`` and of ``H̄``: ``(basis, hess, ‖w‖, need)``, with
+    ``need`` the problems whose cycle runs (``‖r‖`` above ``target``, and running)."""
+    n, bn = s.n, s.problem.batch_ndim
+    wdtype = tree.scalar_dtype(s.problem.z0)  # the workspace's: complex for a complex state
+    cols = jnp.arange(n + 1, dtype=jnp.int32)
+    eps = jnp.finfo(s.problem.rdtype).eps
+    lead = (1,) * bn  # [n + 1]-shaped masks broadcast against [*batch, n + 1]
+    # Classical Gram–Schmidt against the basis (none at a cycle's start), per problem.
+    h = jnp.where(at_u, 0.0, _project(c.basis, w, bn))  # [*batch, n + 1]
+    w = tree.tree_sub(w, _combine(c.basis, h, bn))
+    # A vector below eps ‖A v‖ is zero: the Krylov space is invariant and u + V y is exact.
+    # ||A v||^2 = ||h||^2 + ||w||^2 (w is A v less its projection on the basis).
+    w_norm = tree.tree_norm(w, bn)
+    # A cycle is run for the problems whose ‖r‖ is above their target (and that run); for
+    # the others its basis stays zero (their u does not move): each problem's cycle is the one
+    # it would run alone.
+    need = running & (w_norm > target)
+    w_norm = jnp.where(at_u & ~need, 0.0, w_norm)
+    h_sq = jnp.sum(_abs_sq(h), axis=-1)
+    thresh = eps * jnp.sqrt(jnp.where(at_u, 1.0, h_sq + w_norm * w_norm))
+    unit, w_norm = _normalize(w, w_norm, thresh, bn)
+    slot = jnp.where(at_u, 0, j + 1)
+    basis = jax.tree_util.tree_map(
+        lambda vs, a: jnp.where(cols == slot, a[..., None], jnp.where(at_u, 0.0, vs)),
+        c.basis,
+        unit,
+    )
+    row = jnp.where((cols == j + 1).reshape(lead + (n + 1,)), w_norm[..., None].astype(wdtype), h)
+    fresh = jnp.eye(n, n + 1, dtype=c.hess.dtype)
+    built = (cols[:n] == j).reshape(lead + (n, 1))
+    hess = jnp.where(at_u, fresh, jnp.where(built, row[..., None, :], c.hess))
+    return basis, hess, w_norm, need
+
+
 def _body(s: _Setup):
     """One evaluation of ``f`` and what it is for: at ``u`` (``step == 0``) its judgement and the
     start of the next cycle from the residual ``r = f(u) − u = b − A u``; at ``u + s V[:, j]``
@@ -237,9 +281,6 @@ def _body(s: _Setup):
     problem, rule, n = s.problem, s.rule, s.n
     bn, rdtype = problem.batch_ndim, problem.rdtype
     wdtype = tree.scalar_dtype(problem.z0)  # the workspace's: complex for a complex state
-    cols = jnp.arange(n + 1, dtype=jnp.int32)
-    eps = jnp.finfo(rdtype).eps
-    lead = (1,) * bn  # [n + 1]-shaped masks broadcast against [*batch, n + 1]
 
     def body_fun(c: _Carry) -> _Carry:
         k, beta, spread = c.scalars[_K], c.per_problem[..., _BETA], c.per_problem[..., _SPREAD]
@@ -272,33 +313,9 @@ def _body(s: _Setup):
         lv = tree.tree_scale(1.0 / spread, tree.tree_sub(_up(fx, wdtype), c.f_base), bn)
         av = tree.tree_sub(v, lv)
         w = tree.tree_where(at_u, r, av)
-        # Classical Gram–Schmidt against the basis (none at a cycle's start), per problem.
-        h = jnp.where(at_u, 0.0, _project(c.basis, w, bn))  # [*batch, n + 1]
-        w = tree.tree_sub(w, _combine(c.basis, h, bn))
-        # A vector below eps ‖A v‖ is zero: the Krylov space is invariant and u + V y is exact.
-        # ||A v||^2 = ||h||^2 + ||w||^2 (w is A v less its projection on the basis).
-        w_norm = tree.tree_norm(w, bn)
-        # A cycle is run for the problems whose ‖r‖ is above their target (and that run); for
-        # the others its basis stays zero (their u does not move): each problem's cycle is the one
-        # it would run alone.
+        # A cycle is run for the problems whose ‖r‖ is above their target (and that run).
         target = jnp.asarray(rule.tol, rdtype) * judged.residuals.scale
-        need = book.running & (w_norm > target)
-        w_norm = jnp.where(at_u & ~need, 0.0, w_norm)
-        h_sq = jnp.sum(_abs_sq(h), axis=-1)
-        thresh = eps * jnp.sqrt(jnp.where(at_u, 1.0, h_sq + w_norm * w_norm))
-        unit, w_norm = _normalize(w, w_norm, thresh, bn)
-        slot = jnp.where(at_u, 0, j + 1)
-        basis = jax.tree_util.tree_map(
-            lambda vs, a: jnp.where(cols == slot, a[..., None], jnp.where(at_u, 0.0, vs)),
-            c.basis,
-            unit,
-        )
-        row = jnp.where(
-            (cols == j + 1).reshape(lead + (n + 1,)), w_norm[..., None].astype(wdtype), h
-        )
-        fresh = jnp.eye(n, n + 1, dtype=c.hess.dtype)
-        built = (cols[:n] == j).reshape(lead + (n, 1))
-        hess = jnp.where(at_u, fresh, jnp.where(built, row[..., None, :], c.hess))
+        basis, hess, w_norm, need = _new_column(s, c, w, at_u, j, target, book.running)
         done = ~at_u & (jnp.all(w_norm == 0.0) | (j + 1 >= n))
 
         def update() -> PyTree:

@@ -65,7 +65,7 @@ import jax.numpy as jnp
 
 from deqjax._src import checks, tree
 from deqjax._src.solvers import gmres as gmres_lib
-from deqjax._src.solvers import krylov_chunks, stopping
+from deqjax._src.solvers import krylov_chunks, registry, stopping
 from deqjax._src.solvers.options import Options
 from deqjax._src.solvers.problem import Problem, check_problem
 from deqjax._src.solvers.solution import Solution
@@ -313,6 +313,7 @@ class NormalCG(_Chunked):
         return _chunked(chunk_solve, 2 * iters + 4, needs_transpose=True)
 
 
+@registry.function_form(GMRES)
 def gmres(f: MapFn, z0: PyTree, /, **options) -> Solution:
     """Solves the affine fixed point ``u = f(u)`` by restarted GMRES: ``GMRES(**options)(f, z0)``.
 
@@ -325,12 +326,14 @@ def gmres(f: MapFn, z0: PyTree, /, **options) -> Solution:
     return GMRES(**options)(f, z0)
 
 
+@registry.function_form(BiCGStab)
 def bicgstab(f: MapFn, z0: PyTree, /, **options) -> Solution:
     """BiCGStab on the affine fixed point ``u = f(u)``: ``BiCGStab(**options)(f, z0)`` (fields:
     ``max_steps=100``, ``tol=1e-4``, ``stop_mode="rel"``, ``chunk=50``, ...)."""
     return BiCGStab(**options)(f, z0)
 
 
+@registry.function_form(NormalCG)
 def normal_cg(f: MapFn, z0: PyTree, /, **options) -> Solution:
     """CG on the normal equations of ``u = f(u)`` (affine): ``NormalCG(**options)(f, z0)``
     (fields: ``max_steps=100``, ``tol=1e-4``, ``stop_mode="rel"``, ``chunk=50``, ...)."""

@@ -47,6 +47,22 @@ def check_sample_steps(sample_steps: Any, max_steps: int) -> tuple[int, ...] | N
     return tuple(sorted(int(s) for s in steps))
 
 
+def check_check_every(check_every: Any) -> int | str:
+    """``check_every`` as ``"auto"`` or a Python int ``>= 1`` (any integer type is accepted).
+
+    Raises:
+      ValueError: naming ``check_every`` and the value.
+    """
+    if isinstance(check_every, str) and check_every == "auto":
+        return check_every
+    try:
+        return int(checks.check_int(check_every, "check_every"))
+    except ValueError:
+        raise ValueError(
+            f'check_every must be "auto" or an int >= 1, got {check_every!r}.'
+        ) from None
+
+
 def _check_nonnegative(value: Any, name: str) -> None:
     if not checks.check_real(value, name) >= 0:  # also rejects NaN
         raise ValueError(f"{name} must be >= 0, got {value}.")
@@ -132,12 +148,16 @@ class DriverOptions(Options):
         (``x_0 = z0``) are returned in ``Solution.samples`` (for the fixed-point correction loss;
         see :func:`deqjax.correction_states`).
       check_every: steps between two reads of the stopping rule by the ``"while"`` loop (an int
-        ``>= 1``, or ``"auto"``: 1 on CPUs, 4 on GPUs and TPUs, where each read is a round trip
-        to the host; :data:`deqjax._src.solvers.loop.CHECK_EVERY_AUTO`). Every step is still
-        judged: a problem that stops inside a chunk is frozen at that step, so the iterate,
-        ``num_steps``, status, trace and statistics are exactly those of ``check_every=1``;
-        only whole-batch evaluations after the last problem stopped (at most ``k - 1``) are
-        spent. The implicit backward's solve inherits it from the forward solver.
+        ``>= 1``, capped at ``max_steps``, or ``"auto"``: 1 on CPUs, 4 on GPUs and TPUs, where
+        each read is a round trip to the host, chosen for the platform the solve is compiled
+        for; :mod:`deqjax._src.solvers.loop`). Every step is still judged: a problem that stops
+        inside a chunk is frozen at that step, so the iterate, ``num_steps``, status, trace and
+        statistics are exactly (bit for bit) those of ``check_every=1``; only whole-batch
+        evaluations after the last problem stopped (at most ``k - 1``) are spent. The implicit
+        backward's solve inherits it from the forward solver.
+
+    ``sample_steps`` is kept sorted, and ``check_every`` as ``"auto"`` or a Python int, whatever
+    sequence or integer type was passed.
     """
 
     loop_kinds: ClassVar[tuple[str, ...]] = loop_lib.LOOP_KINDS
@@ -153,5 +173,8 @@ class DriverOptions(Options):
         if not checks.check_real(self.divergence_factor, "divergence_factor") > 1.0:
             raise ValueError(f"divergence_factor must be > 1, got {self.divergence_factor}.")
         loop_lib.check_loop_kind(self.loop)
-        check_sample_steps(self.sample_steps, self.max_steps)
-        loop_lib.check_check_every(self.check_every)
+        # Normalised here, once: everything after reads the fields as they are.
+        object.__setattr__(
+            self, "sample_steps", check_sample_steps(self.sample_steps, self.max_steps)
+        )
+        object.__setattr__(self, "check_every", check_check_every(self.check_every))

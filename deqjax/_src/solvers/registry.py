@@ -1,32 +1,34 @@
 """The deqjax solvers by name and by function: what rebuilds a solver from a config.
 
-A run's ``config.json`` stores a solver as :meth:`~deqjax.solvers.Solver.to_dict`'s output;
+Derived, not listed: each solver's module registers its class with its function form where it
+defines them (``@registry.function_form(Anderson)`` on ``anderson``), so a solver cannot be left
+out. A run's ``config.json`` stores a solver as :meth:`~deqjax.solvers.Solver.to_dict`'s output;
 :func:`from_dict` rebuilds the object. :data:`BY_FUNCTION` maps each function form
 (``dq.solvers.anderson``) to its class, for :func:`deqjax.solvers.as_solver`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
-from deqjax._src.solvers.anderson import Anderson, anderson
 from deqjax._src.solvers.base import Solver
-from deqjax._src.solvers.broyden import Broyden, broyden
-from deqjax._src.solvers.fixed_point_iteration import FixedPointIteration, fixed_point_iteration
-from deqjax._src.solvers.krylov import GMRES, BiCGStab, NormalCG, bicgstab, gmres, normal_cg
-from deqjax._src.solvers.reversible import Reversible, reversible
 
-BY_FUNCTION: dict[Callable[..., Any], type[Solver]] = {
-    fixed_point_iteration: FixedPointIteration,
-    anderson: Anderson,
-    broyden: Broyden,
-    reversible: Reversible,
-    gmres: GMRES,
-    bicgstab: BiCGStab,
-    normal_cg: NormalCG,
-}
+BY_FUNCTION: dict[Callable[..., Any], type[Solver]] = {}
+BY_NAME: dict[str, type[Solver]] = {}
 
-BY_NAME: dict[str, type[Solver]] = {cls.__name__: cls for cls in BY_FUNCTION.values()}
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def function_form(cls: type[Solver]) -> Callable[[_Fn], _Fn]:
+    """Registers the decorated function as the function form of the solver class ``cls``
+    (``fn(f, z0, **fields)`` is ``cls(**fields)(f, z0)``), and ``cls`` under its name."""
+
+    def register(fn: _Fn) -> _Fn:
+        BY_FUNCTION[fn] = cls
+        BY_NAME[cls.__name__] = cls
+        return fn
+
+    return register
 
 
 def from_dict(config: dict[str, Any]) -> Solver:

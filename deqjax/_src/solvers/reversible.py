@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import checks, tree
-from deqjax._src.solvers import driver, stopping
+from deqjax._src.solvers import driver, registry, stopping
 from deqjax._src.solvers.problem import Problem
 from deqjax._src.solvers.solution import Solution
 
@@ -240,6 +240,7 @@ def _state_of(beta: float, every: int | None, end: driver.LoopEnd) -> dict[str, 
     return {"reversible_state": state}
 
 
+@registry.function_form(Reversible)
 def reversible(f: Callable[[PyTree], PyTree], z0: PyTree, /, **options) -> Solution:
     """Solves ``z = f(z)`` by the reversible fixed-point iteration, ``Reversible(**options)``.
 

@@ -26,8 +26,6 @@ warning naming its folder) and the older one is returned. If none restores,
 from __future__ import annotations
 
 import glob
-import hashlib
-import json
 import os
 import shutil
 import warnings
@@ -35,26 +33,27 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
+
+from deqjax._src.training.checkpoint_contents import (
+    MANIFEST,
+    CheckpointError,
+    CorruptCheckpoint,
+    IncompatibleCheckpoint,
+    RestoreError,
+    all_finite,
+    tree_digest,
+    tree_layout,
+    verify_manifest,
+    write_manifest,
+)
+from deqjax._src.training.checkpoint_contents import layout_difference as _layout_difference
+from deqjax._src.training.checkpoint_restore import host_template as _host
+
+__all__ = ["CheckpointError", "Checkpointer", "RestoreError", "all_finite", "tree_digest"]
 
 PyTree = Any
-MANIFEST = "deqjax_manifest.json"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read; the message names the folder."""
-
-
-class RestoreError(CheckpointError):
-    """Checkpoints exist but none can be restored; nothing was renamed or deleted."""
-
-
-class _Incompatible(Exception):
-    pass
-
-
-class _Corrupt(Exception):
-    pass
+# Shared with the asynchronous Checkpoints that replace this module (one definition of each).
+_Corrupt, _Incompatible = CorruptCheckpoint, IncompatibleCheckpoint
 
 
 class Restored(NamedTuple):
@@ -63,76 +62,6 @@ class Restored(NamedTuple):
     step: int  # the checkpoint's step number
     state: PyTree  # the template's structure: its global arrays' layouts, numpy elsewhere
     meta: dict  # the JSON metadata given to save (without the internal entries)
-
-
-def _readable(leaf: Any) -> np.ndarray | None:
-    """``leaf`` on the host, or None for a global array this process holds only part of."""
-    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-        if not leaf.is_fully_replicated:
-            return None
-        return np.asarray(leaf.addressable_shards[0].data)
-    return np.asarray(leaf)
-
-
-def tree_digest(tree: PyTree) -> str:
-    """SHA-256 over every leaf's dtype, shape and bytes, in tree order (and the tree structure).
-
-    A global array split over several processes adds its dtype and shape only (its bytes are
-    covered by the checkpoint's file checksums)."""
-    h = hashlib.sha256(str(jax.tree_util.tree_structure(tree)).encode())
-    for leaf in jax.tree_util.tree_leaves(tree):
-        a = _readable(leaf)
-        h.update(f"{np.dtype(leaf.dtype).str}{tuple(np.shape(leaf))}".encode())
-        if a is not None:
-            h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
-
-
-def tree_layout(tree: PyTree) -> dict:
-    """The tree structure and each leaf's ``dtype[shape]``: what a checkpoint must match."""
-    leaves = [x if hasattr(x, "dtype") else np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
-    return {
-        "structure": str(jax.tree_util.tree_structure(tree)),
-        "leaves": [f"{np.dtype(a.dtype).str}{list(np.shape(a))}" for a in leaves],
-    }
-
-
-def _layout_difference(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
-    if saved.get("structure") != wanted["structure"]:
-        return "its tree structure differs from the template's (another model or optimizer)"
-    for i, (a, b) in enumerate(zip(saved.get("leaves", []), wanted["leaves"])):
-        if a != b:
-            return f"leaf {i} is {a}, the template's is {b} (another model size?)"
-    return None
-
-
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _host(tree: PyTree) -> PyTree:
-    """``tree`` as orbax takes and gives it: global arrays stay, anything else becomes numpy."""
-
-    def one(x):
-        return x if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 else np.asarray(x)
-
-    return jax.tree_util.tree_map(one, tree)
-
-
-def all_finite(tree: PyTree) -> bool:
-    """True if every floating-point leaf of ``tree`` is finite (of a global array, the shards
-    this process holds)."""
-    for leaf in jax.tree_util.tree_leaves(tree):
-        parts = leaf.addressable_shards if isinstance(leaf, jax.Array) else [leaf]
-        for part in parts:
-            a = np.asarray(getattr(part, "data", part))
-            if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
-                return False
-    return True
 
 
 class Checkpointer:
@@ -233,40 +162,12 @@ class Checkpointer:
             pass
 
     def _write_manifest(self, step: int) -> None:
-        if jax.process_index() != 0:
-            return
-        root = self.path(step)
-        files = {}
-        for dirpath, _, names in os.walk(root):
-            for name in names:
-                path = os.path.join(dirpath, name)
-                rel = os.path.relpath(path, root)
-                if rel != MANIFEST:
-                    files[rel] = [os.path.getsize(path), _file_sha256(path)]
-        tmp = os.path.join(root, MANIFEST + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"files": files}, f, sort_keys=True)
-        os.replace(tmp, os.path.join(root, MANIFEST))
+        if jax.process_index() == 0:
+            write_manifest(self.path(step), ("state", "meta"))
 
     def _verify_files(self, step: int) -> None:
-        root = self.path(step)
-        manifest = os.path.join(root, MANIFEST)
-        if not os.path.exists(manifest):
-            return  # older checkpoint: the digest after restoring still guards it
-        try:
-            with open(manifest) as f:
-                files = json.load(f)["files"]
-        except (OSError, ValueError, KeyError) as e:
-            raise _Corrupt(f"unreadable manifest {manifest}: {e}") from None
-        for rel, (size, sha) in sorted(files.items()):
-            path = os.path.join(root, rel)
-            if not os.path.isfile(path):
-                raise _Corrupt(f"file {path} is missing")
-            got = os.path.getsize(path)
-            if got != size:
-                raise _Corrupt(f"file {path} has {got} bytes, {size} were written (truncated?)")
-            if _file_sha256(path) != sha:
-                raise _Corrupt(f"file {path} changed since it was written (checksum mismatch)")
+        # no manifest: an older checkpoint, the digest after restoring still guards it
+        verify_manifest(self.path(step), required=False)
 
     def _restore_step(self, step: int, template: PyTree) -> Restored:
         try:

@@ -19,7 +19,7 @@ import jax
 from deqjax._src.data.batching import Batches
 from deqjax._src.training.actions.action import Action
 from deqjax._src.training.actions.save_checkpoints import SaveCheckpoints
-from deqjax._src.training.checkpoints_adapter import Checkpoints
+from deqjax._src.training.checkpoints import Checkpoints
 from deqjax._src.training.data_parallel import REPLICATED, STATE_KINDS, DataParallel
 from deqjax._src.training.loop_context import LoopContext
 from deqjax._src.training.nonfinite import NonFiniteError as NonFiniteError

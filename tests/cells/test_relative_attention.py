@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from deqjax._src.nn import relative_attention as ra
+from deqjax._src.cells import relative_attention as ra
 from tests.helpers.sequence_cells import normal as _normal
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import deqjax as dq
 from deqjax import nn
-from deqjax._src.nn import batch_modes
+from deqjax._src.deq import batch_modes
 from deqjax._src.normalise import as_solver
 from tests.helpers.deq_cells import (
     MAX_STEPS,

@@ -1,4 +1,5 @@
-"""How :class:`~deqjax.nn.DEQ` solves a batch: the three batching modes.
+"""How a DEQ layer (``dq.nn.DEQ``, ``deqjax.nnx.DEQ``, ``deqjax.equinox.DEQ``) solves a batch: the
+three batching modes.
 
 ``per_example=True`` (each example stops on its own) runs in one of two modes, chosen from the
 solver's declared capability ``batch_native``:
@@ -16,8 +17,9 @@ solver's declared capability ``batch_native``:
 ``per_example=False`` is the **whole-batch** mode: one solve for the whole batch, one stopping
 test (on the norm over the whole batch), scalar statistics.
 
-One key per forward pass (``hk.maybe_next_rng_key()``) is passed to every cell evaluation of
-that pass; the vmap mode splits it into one key per example.
+One key per forward pass (Haiku's ``hk.maybe_next_rng_key()``, the front-ends' ``key``) is passed
+to every cell evaluation of that pass; the vmap mode splits it into one key per example. Nothing
+here depends on a framework: the cell comes as its two phases (:class:`~.phases.CellPhases`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import fixed_point as fixed_point_lib
-from deqjax._src.nn import per_forward
+from deqjax._src.deq.phases import CellPhases
 from deqjax._src.solvers.base import Solver
 from deqjax._src.solvers.solution import Solution
 
@@ -80,7 +82,7 @@ class Bound(NamedTuple):
 
 
 def solve_batch(
-    cell: per_forward.PhasedCell,
+    cell: CellPhases,
     solver: Solver,
     adjoint: Any,
     backward_stats: Any,
@@ -106,7 +108,7 @@ def solve_batch(
 
 def bind(
     mode: Mode,
-    cell: per_forward.PhasedCell,
+    cell: CellPhases,
     solve: SolveFn,
     params: Any,
     x: PyTree,
@@ -172,14 +174,15 @@ def batch_size(tree_: PyTree, name: str) -> int:
 
 
 @contextlib.contextmanager
-def naming_user_shapes(x: PyTree, z0: PyTree, mode: Mode) -> Iterator[None]:
-    """Re-raises a cell's shape error with the shapes the user passed (not the internal ones)."""
+def naming_user_shapes(x: PyTree, z0: PyTree, mode: Mode, layer: str) -> Iterator[None]:
+    """Re-raises a cell's shape error with the shapes the user passed (not the internal ones),
+    naming the ``layer`` (e.g. ``"dq.nn.DEQ"``)."""
     try:
         yield
     except (ValueError, TypeError) as e:
         shapes = lambda t: [tuple(jnp.shape(a)) for a in jax.tree_util.tree_leaves(t)]  # noqa: E731
         raise (TypeError if isinstance(e, TypeError) else ValueError)(
-            f"dq.nn.DEQ failed on the input x of shape {shapes(x)} with z0 of shape "
+            f"{layer} failed on the input x of shape {shapes(x)} with z0 of shape "
             f"{shapes(z0)} ({mode.value}). If the shapes are the problem: x and z0 need a leading "
             f"batch axis [B, ...]; for a single example pass x[None]. The error: {e}"
         ) from e

@@ -1,9 +1,10 @@
 """Transformer-XL relative positional attention: sinusoidal relative embeddings, the rel-shift and
 the attention score ``(q_i + u)·k_j + (q_i + v)·r_{i-j}`` (Dai et al. 2019, §3.3).
 
-Pure functions, no Haiku: :class:`deqjax.nn.TransformerCell` owns the parameters. Keys may include a
-memory of ``M`` positions before the ``T`` query positions (the previous segment's equilibrium, DEQ
-paper §4 "history padding"); query ``i`` (``0 <= i < T``) then sits at key position ``M + i``.
+Pure functions, no framework: the DEQ-Transformer cells (:mod:`deqjax._src.cells.transformer`)
+own the parameters. Keys may include a memory of ``M`` positions before the ``T`` query positions
+(the previous segment's equilibrium, DEQ paper §4 "history padding"); query ``i``
+(``0 <= i < T``) then sits at key position ``M + i``.
 """
 
 from __future__ import annotations
