@@ -101,6 +101,19 @@ def test_main_job_resumes_from_its_checkpoint(main_run, capsys):
     assert open(os.path.join(out, "metrics.jsonl"), "rb").read() == metrics
 
 
+def test_a_finished_run_relaunched_with_resume_exits_0_having_done_nothing(main_run, tmp_path):
+    """What a scheduler re-launching a finished job does; the process used to abort (exit 134)
+    with the warm-up's background compilations still inside XLA at exit."""
+    out = _copy_run(main_run, tmp_path)
+    before = _snapshot(os.path.join(out, "ckpt"))
+    cmd = [sys.executable, "-m", "experiments.fashion_mnist", *SMOKE, "--resume", "--out_dir", out]
+    env = worker_env(1) | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing left to do" in proc.stdout and "final test accuracy" in proc.stdout
+    assert _snapshot(os.path.join(out, "ckpt")) == before
+
+
 def test_a_batch_the_devices_cannot_share_is_refused_before_the_folder_is_claimed(tmp_path):
     env = worker_env(2) | {"PYTHONPATH": str(ROOT)}
     out = tmp_path / "run"

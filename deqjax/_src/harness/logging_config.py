@@ -22,7 +22,7 @@ from deqjax._src.harness.flag_types import NonNegativeInt, PositiveInt
 from deqjax._src.training.actions.action import Action
 from deqjax._src.training.actions.evaluate import Evaluate
 from deqjax._src.training.actions.run_diagnostics import RunDiagnostics
-from deqjax._src.training.checkpoints_adapter import Checkpoints
+from deqjax._src.training.checkpoints import Checkpoints
 from deqjax._src.training.evaluation import DiagnosticsFn, EvalFn
 
 
@@ -73,8 +73,9 @@ class LoggingConfig:
     def checkpoints(
         self, directory: str | os.PathLike, config: Mapping[str, Any] | None = None
     ) -> Checkpoints:
-        """The run's checkpoints in ``directory``: every ``--checkpoint_every`` steps (0: only at
-        the end and at a stop), the newest ``--keep_checkpoints`` kept, ``config`` in each."""
+        """The run's asynchronous checkpoints in ``directory``
+        (:class:`~deqjax.training.Checkpoints`): every ``--checkpoint_every`` steps (0: only at
+        the end), on a SIGTERM, the newest ``--keep_checkpoints`` kept, ``config`` in each."""
         return Checkpoints(
             directory,
             every_steps=self.checkpoint_every or None,
