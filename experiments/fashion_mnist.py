@@ -18,12 +18,13 @@ non-finite stop, 143 on SIGTERM). ``--input grain`` reads the same batches throu
 orthogonal / GOE, several seeds): ``sweep.csv``, ``sweep_summary.csv``, ``sweep.png``.
 
 ``--dtype bfloat16`` (or ``float16``) computes the model in that dtype with float32 parameters and
-optimizer state (a jmp policy; float16 with a static loss scale); it needs ``--tol`` and
-``--bwd_tol`` the dtype resolves (bfloat16: 0.01).
+optimizer state (a jmp policy; float16 with a static loss scale); ``--tol`` and ``--bwd_tol``
+not given take a tolerance the dtype resolves (bfloat16: 0.01; said at the start, recorded in
+``config.json``), and one given below it is refused.
 
 Usage:
   python experiments/fashion_mnist.py                       # the main job (README's first command)
-  python experiments/fashion_mnist.py --dtype bfloat16 --tol 1e-2 --bwd_tol 1e-2
+  python experiments/fashion_mnist.py --dtype bfloat16         # at --tol 1e-2 --bwd_tol 1e-2
   python experiments/fashion_mnist.py --epochs 1 --no_jr    # quicker, no Jacobian regularisation
   python experiments/fashion_mnist.py --resume              # continue a killed run
   python experiments/fashion_mnist.py --input grain --profile_steps 100:102

@@ -19,7 +19,8 @@ bytes of the step (a PROXY for peak activation memory), carried memory, params; 
 ``deq_solver.png``, ``metrics_<model>.jsonl``, checkpoints (``--resume``).
 
 ``--dtype bfloat16`` (or ``float16``): every model computes in that dtype, float32 parameters and
-optimizer state (a jmp policy); bfloat16 needs ``--tol 1e-2``.
+optimizer state (a jmp policy); bfloat16 runs at ``--tol 1e-2`` unless given one (a ``--tol``
+below what the dtype resolves is refused).
 
 Usage: ``python -m experiments.language_model [--smoke]`` (KJV, 300 steps/model: ~3 min, 2 CPUs)
 """

@@ -198,13 +198,20 @@ def test_missing_data_fails_fast_with_paths(tmp_path, capsys):
     assert "nowhere" in err and "dataset-fashion-mnist" in err
 
 
-def test_bfloat16_main_job_records_its_dtype_and_learns(tmp_path):
+def test_bfloat16_main_job_records_its_dtype_and_learns(tmp_path, capsys):
+    """One flag: ``--dtype bfloat16`` alone picks the tolerances bfloat16 resolves (the
+    defaults' 1e-3 it cannot), says so and records them."""
     out = tmp_path / "bf16"
-    argv = ["--smoke", "--dataset", "digits", "--dtype", "bfloat16", "--tol", "1e-2"]
-    argv += ["--bwd_tol", "1e-2", "--out_dir", str(out), "--no_progress", "--no_jr"]
-    summary = _run(argv)
+    argv = ["--smoke", "--dataset", "digits", "--dtype", "bfloat16"]
+    summary = _run([*argv, "--out_dir", str(out), "--no_progress", "--no_jr"])
     config = json.load(open(out / "config.json"))
-    assert config["dtype"] == "bfloat16" and config["tol"] == 0.01
+    assert config["dtype"] == "bfloat16" and config["tol"] == 0.01 and config["bwd_tol"] == 0.01
+    assert config["solver"]["tol"] == 0.01 and config["adjoint"]["solver"]["tol"] == 0.01
+    said = [line for line in capsys.readouterr().out.splitlines() if "picks" in line]
+    assert said == [
+        "--dtype bfloat16 picks --tol 0.01 (default 0.001) and --bwd_tol 0.01 (default 0.001), "
+        "above its machine epsilon 7.8e-03"
+    ]
     assert summary["test"]["accuracy"] > 0.5  # chance: 0.1
     # Parameters and optimizer state stay float32 (the checkpoint's).
     import orbax.checkpoint as ocp
@@ -216,8 +223,10 @@ def test_bfloat16_main_job_records_its_dtype_and_learns(tmp_path):
 
 
 def test_a_tolerance_the_dtype_cannot_resolve_is_refused(tmp_path, capsys):
-    assert _exit_code(["--dtype", "bfloat16", "--out_dir", str(tmp_path / "o")]) == 2
+    argv = ["--dtype", "bfloat16", "--tol", "1e-3", "--out_dir", str(tmp_path / "o")]
+    assert _exit_code(argv) == 2  # given, not picked: refused
     err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
     assert "--tol 0.001" in err and "--dtype bfloat16" in err and "--tol 0.01" in err
     assert not os.path.exists(tmp_path / "o")
 

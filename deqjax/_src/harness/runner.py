@@ -13,7 +13,9 @@ experiment:
   (:func:`~deqjax.harness.to_python`); the folder is guarded by
   :func:`~deqjax.harness.prepare_run_dir` (no silent overwrite, no resume under other flags);
   the run starts by printing a few short lines: the experiment and its folder, the settings
-  given that differ from the defaults, and where the full configuration is;
+  given that differ from the defaults, the tolerances ``--dtype`` picked (a ``--dtype
+  bfloat16`` without ``--tol`` runs at a tolerance bfloat16 resolves), and where the full
+  configuration is;
 * ``results.json`` (``<mode>.json``): what ``run`` returns, written atomically;
 * JAX's persistent compilation cache for the run (``--compilation_cache``,
   :mod:`~deqjax._src.harness.compilation_cache`): a later run loads the programs it compiled;
@@ -43,6 +45,7 @@ import jax
 
 from deqjax._src.data.errors import DataFormatError, DataNotFoundError
 from deqjax._src.harness.compilation_cache import persistent_compilation_cache
+from deqjax._src.harness.dtype_config import tolerance_note
 from deqjax._src.harness.experiment import Experiment, run_section
 from deqjax._src.harness.flat_config import declared, find_section, flat_dict
 from deqjax._src.harness.multihost_config import MultiHostConfig
@@ -142,18 +145,18 @@ def run(exp: Experiment, argv: Sequence[str] | None = None) -> dict:
     Raises:
       SystemExit: with the statuses of the module docstring.
     """
-    config = exp.parse(argv)
+    config, picked = exp.parse_noting(argv)
     with persistent_compilation_cache(run_section(config).compilation_cache):
-        return _run(exp, config)
+        return _run(exp, config, picked)
 
 
-def _run(exp: Experiment, config: Any) -> dict:
-    """:func:`run` after the flags are parsed."""
+def _run(exp: Experiment, config: Any, picked: Mapping[str, float]) -> dict:
+    """:func:`run` after the flags are parsed (``picked``: the tolerances ``--dtype`` chose)."""
     mode = exp.mode(config)
     inputs, flat, parallel = _start(exp, config)
     ctx = _context(exp, config, flat, mode, parallel)
     if ctx.is_main:
-        print("\n".join(_start_lines(exp, config, mode, ctx.resume)))
+        print("\n".join(_start_lines(exp, config, mode, ctx.resume, picked)))
     try:
         results: Mapping[str, Any] = dict(exp.run(config, inputs, ctx))
     except (RestoreError, FileExistsError, UsageError) as e:
@@ -166,14 +169,18 @@ def _run(exp: Experiment, config: Any) -> dict:
     return dict(results)
 
 
-def _start_lines(exp: Experiment, config: Any, mode: str | None, resume: bool) -> list[str]:
+def _start_lines(
+    exp: Experiment, config: Any, mode: str | None, resume: bool, picked: Mapping[str, float]
+) -> list[str]:
     """What a run prints first, each line at most :data:`LINE` characters where its names
     allow: the experiment and its folder, the settings that differ from the defaults in effect
-    (values cut at :data:`VALUE` characters), where the full configuration is."""
+    (values cut at :data:`VALUE` characters), the tolerances ``--dtype`` picked (``picked``),
+    where the full configuration is."""
     run = run_section(config)
     flags = [mode, "smoke" if run.smoke else None, "resume" if resume else None]
     labels = ", ".join(f"--{flag}" for flag in flags if flag)
-    defaults = flat_dict(exp.defaults(smoke=run.smoke, mode=mode))
+    default_config = exp.defaults(smoke=run.smoke, mode=mode)
+    defaults = flat_dict(default_config)
     given = [
         f"{name}={_short(value)}"
         for name, value in flat_dict(config).items()
@@ -181,9 +188,11 @@ def _start_lines(exp: Experiment, config: Any, mode: str | None, resume: bool) -
     ]
     changed = "settings changed from the defaults: " + (", ".join(given) or "none")
     config_name = f"{mode}_config.json" if mode else "config.json"
+    note = tolerance_note(config, picked, default_config)
     return [
         f"{exp.name}{f' ({labels})' if labels else ''}: run folder {run.out_dir}",
         *textwrap.wrap(changed, LINE, subsequent_indent="  ", break_on_hyphens=False),
+        *([note] if note else []),
         f"full configuration: {os.path.join(run.out_dir, config_name)}",
     ]
 
