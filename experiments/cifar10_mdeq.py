@@ -22,13 +22,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from deqjax import data, harness
+from deqjax import data, harness, training
 from deqjax.harness import NonNegativeInt, PositiveFloat, PositiveInt
 
 if __package__:  # python -m experiments.<name>, or imported as experiments.<name>
@@ -52,6 +53,9 @@ SMOKE = {
 @dataclasses.dataclass(frozen=True)
 class Config:
     """The JR strengths and inference budgets compared, the training, the model."""
+
+    # The batch the devices share (the runner refuses one they do not divide).
+    SPLIT_OVER_DEVICES: ClassVar[tuple[str, ...]] = ("batch_size",)
 
     data_dir: str | None = None  # directory holding cifar-10-batches-py
     gammas: harness.FloatList = (0.0, 0.5)  # JR strengths, one model each
@@ -99,22 +103,31 @@ def train_one(gamma: float, c: Config, inputs, ctx) -> dict:
         metrics = {"ce": ce, "acc": acc, "jac": aux["jr/frobenius_sq"], "nfe": aux["solver"]["nfe"]}
         return ce + aux["jr"], metrics | {"residual": jnp.mean(aux["residual"])}
 
-    trained = ctx.fit(
-        f"gamma{gamma:g}",
-        history=KEYS,
-        batch_size=c.batch_size,
-        params=init(jax.random.PRNGKey(c.run.seed), standardised, False),
-        loss_fn=loss_fn,
-        optimizer=optax.chain(optax.clip_by_global_norm(c.clip), optax.adam(schedule)),
-        train_data=data.ShuffledBatches(train, batch_size=c.batch_size, seed=c.run.seed),
+    name = f"gamma{gamma:g}"
+    opt = optax.chain(optax.clip_by_global_norm(c.clip), optax.adam(schedule))
+    pair = training.train_step(
+        loss_fn, training.skip_nonfinite(opt), learning_rate_fn=schedule, per_device_rng=False
+    )
+    params = init(jax.random.PRNGKey(c.run.seed), standardised, False)
+    policy = ctx.policy(name)  # resumed only if this training had started
+    t0 = time.perf_counter()
+    result = training.fit(
+        pair,
+        pair.init(params, jax.random.PRNGKey(c.run.seed + 1)),
+        data.ShuffledBatches(train, batch_size=c.batch_size, seed=c.run.seed),
         num_steps=c.steps,
-        rng=jax.random.PRNGKey(c.run.seed + 1),
-        per_device_rng=False,
-        learning_rate_fn=schedule,
-        log_every=1,
+        parallel=ctx.data_parallel,
+        actions=c.run.actions(log_every=1),
+        checkpoints=training.Checkpoints(ctx.checkpoint_dir(name), config=ctx.config),
+        policy=policy,
+        writers=c.run.writers(ctx, name),
+        say=ctx.print,
+        run_dir=ctx.out_dir,
         desc=f"gamma={gamma:g}",
     )
-    hist = ctx.train_records(f"gamma{gamma:g}")
+    seconds = time.perf_counter() - t0
+    trained = ctx.trained(name, result, history=KEYS, batch_size=c.batch_size, seconds=seconds)
+    hist = ctx.train_records(name)
     for r in hist[c.log_every - 1 :: c.log_every] if c.log_every else []:
         ctx.print(f"  gamma={gamma:g} step {r['step']}: " + harness.format_metrics(r, keys=KEYS))
     test = {k: ds.test[k][: c.test_size] for k in ("image", "label")}

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
+from typing import ClassVar
 
 import haiku as hk
 import jax
@@ -39,7 +41,7 @@ import numpy as np
 import optax
 
 import deqjax as dq
-from deqjax import data, harness
+from deqjax import data, harness, training
 
 DIGITS, VOCAB = 10, 10  # vocabulary: 0 blank, 1..8 digits, 9 delimiter
 SPECS = ("deq:transformer", "deq:trellis", "tied:transformer", "untied:transformer", "tied:trellis")
@@ -51,6 +53,9 @@ Models = harness.choice_list(MODELS)
 @dataclasses.dataclass(frozen=True)
 class Config:
     """The task, the models compared and their training."""
+
+    # The batch the devices share (the runner refuses one they do not divide).
+    SPLIT_OVER_DEVICES: ClassVar[tuple[str, ...]] = ("batch_size",)
 
     seq_len: harness.PositiveInt = 50  # T, blanks between digits and marker
     models: Models = SPECS  # comma-separated kind:cell
@@ -98,19 +103,29 @@ def run_model(spec: str, c: Config, blank: float, ctx) -> dict:
     kind, cell = spec.split(":")
     model = c.deq.transform(VOCAB, kind, cell, depth=c.depth, trellis_kernel=c.trellis_kernel)
     batches = data.CopyMemoryBatches(seed=c.run.seed, batch_size=c.batch_size, seq_len=c.seq_len)
-    trained = ctx.fit(
-        spec.replace(":", "_"),
-        history=("nll", "nfe", "rel_residual"),
-        batch_size=c.batch_size,
-        params=model.init(jax.random.PRNGKey(c.run.seed), next(batches)["inputs"], True),
-        loss_fn=make_loss(model),
-        optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.learning_rate)),
-        train_data=batches,
+    name = spec.replace(":", "_")
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.learning_rate))
+    pair = training.train_step(make_loss(model), training.skip_nonfinite(opt))
+    params = model.init(jax.random.PRNGKey(c.run.seed), next(batches)["inputs"], True)
+    policy = ctx.policy(name)  # resumed only if this training had started
+    t0 = time.perf_counter()
+    result = training.fit(
+        pair,
+        pair.init(params, jax.random.PRNGKey(c.run.seed + 1)),
+        batches,
         num_steps=c.steps,
-        rng=jax.random.PRNGKey(c.run.seed + 1),
-        log_every=1,
+        parallel=ctx.data_parallel,
+        actions=c.run.actions(log_every=1),
+        checkpoints=training.Checkpoints(ctx.checkpoint_dir(name), config=ctx.config),
+        policy=policy,
+        writers=c.run.writers(ctx, name),
+        say=ctx.print,
+        run_dir=ctx.out_dir,
         desc=spec,
     )
+    seconds = time.perf_counter() - t0
+    history = ("nll", "nfe", "rel_residual")
+    trained = ctx.trained(name, result, history=history, batch_size=c.batch_size, seconds=seconds)
     hist, last = trained.history, trained.tail
     rng = np.random.default_rng(10_000 + c.run.seed)
     test = data.copy_memory_batch(rng, batch_size=c.eval_batch_size, seq_len=c.seq_len)

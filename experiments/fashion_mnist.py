@@ -4,34 +4,40 @@ Model: ``dq.models.MLPClassifier`` (flatten → DEQ(``MLPCell``) → dense logit
 implicit backward (DEQ paper Thm 1), Haar-orthogonal recurrent weights (``--init``). Training: Adam
 and the Bernoulli-gated JR ``τ γ ‖J_f(z*)‖²_F / d`` (JR paper Eq. 4), optionally adaptive ``γ``.
 
-Logged every ``--log_every`` steps (JSONL + progress bar): loss, cross entropy, accuracy, the
-forward solve's ``dq.solvers.summarize`` (NFE, residuals, ``*_max``, converged fraction), JR term
-and ``γ``; every ``--diagnostics_every`` steps the backward-solve residual, a Hutchinson
-``‖J_f(z*)‖_F`` and the power-method ``ρ(J_f(z*))``; at every epoch end the test metrics. Outputs
-in ``--out_dir`` (default ``runs/fashion_mnist``): ``config.json``, ``metrics.jsonl``, ``ckpt/``,
-``curves.png``, ``results.json`` (the shared runner, ``dq.harness.run``: ``--resume``,
-``--overwrite``, ``--force``; exit 2 on bad flags or data, 3 on a non-finite stop, 143 on SIGTERM).
+Logged every ``--log_every`` steps (JSONL, TensorBoard, progress bar): loss, cross entropy,
+accuracy, the forward solve's ``dq.solvers.summarize`` (NFE, residuals, ``*_max``, converged
+fraction), JR term and ``γ``; every ``--diagnostics_every`` steps the backward-solve residual, a
+Hutchinson ``‖J_f(z*)‖_F`` and the power-method ``ρ(J_f(z*))``; at every epoch end the test
+metrics. Outputs in ``--out_dir`` (default ``runs/fashion_mnist``): ``config.json``,
+``metrics.jsonl``, ``tensorboard/`` (``--no_tensorboard``: none), ``ckpt/``, ``curves.png``,
+``results.json``, with ``--profile_steps A:B`` a profiler trace in ``profile/`` (the shared runner,
+``dq.harness.run``: ``--resume``, ``--overwrite``, ``--force``; exit 2 on bad flags or data, 3 on a
+non-finite stop, 143 on SIGTERM). ``--input grain`` reads the same batches through grain.
 
 ``--sweep``: the init paper's Fig. 5 at reduced cost (test error vs init scale, Gaussian /
 orthogonal / GOE, several seeds): ``sweep.csv``, ``sweep_summary.csv``, ``sweep.png``.
 
 ``--dtype bfloat16`` (or ``float16``) computes the model in that dtype with float32 parameters and
-optimizer state (a jmp policy; float16 with a static loss scale); it needs ``--tol`` and
-``--bwd_tol`` the dtype resolves (bfloat16: 0.01).
+optimizer state (a jmp policy; float16 with a static loss scale); ``--tol`` and ``--bwd_tol``
+not given take a tolerance the dtype resolves (bfloat16: 0.01; said at the start, recorded in
+``config.json``), and one given below it is refused.
 
 Usage:
   python experiments/fashion_mnist.py                       # the main job (README's first command)
-  python experiments/fashion_mnist.py --dtype bfloat16 --tol 1e-2 --bwd_tol 1e-2
+  python experiments/fashion_mnist.py --dtype bfloat16         # at --tol 1e-2 --bwd_tol 1e-2
   python experiments/fashion_mnist.py --epochs 1 --no_jr    # quicker, no Jacobian regularisation
   python experiments/fashion_mnist.py --resume              # continue a killed run
+  python experiments/fashion_mnist.py --input grain --profile_steps 100:102
   python experiments/fashion_mnist.py --sweep               # Fig. 5 at reduced cost
   python experiments/fashion_mnist.py --smoke --dataset digits   # 1-3 minutes; used by tests
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import os
 import time
 from typing import Literal
 
@@ -75,8 +81,11 @@ class Config:
     data_dir: str | None = None  # idx folder (default /usr/share/datasets/fashion-mnist)
     train_size: harness.NonNegativeInt = 0  # training subset (0: all)
     test_size: harness.NonNegativeInt = 0  # test subset (0: all)
+    input: Literal["arrays", "grain"] = "arrays"
+    """training batches from the arrays in memory, or the same batches read through grain"""
     device_resident: bool = True
-    """train and test sets placed on the devices once (--no_device_resident: batch by batch)"""
+    """train (--input arrays) and test sets placed on the devices once where they fit
+    (--no_device_resident: batch by batch)"""
     model: mlp_classifier_config.MLPClassifierConfig = mlp_classifier_config.MLPClassifierConfig()
     solver: harness.SolverConfig = harness.SolverConfig()
     compute: harness.DtypeConfig = harness.DtypeConfig()
@@ -107,6 +116,21 @@ def setup(c: Config):
     return (train, test, source), extra | {"solver": solver, "adjoint": adjoint}
 
 
+@contextlib.contextmanager
+def train_batches(c: Config, train, parallel, say):
+    """The training batches of ``--input``: the arrays shuffled per epoch (on the devices with
+    ``--device_resident`` where they fit), or the same batches read through grain (its reading
+    threads stopped on exit)."""
+    batch_size, seed = c.optimization.batch_size, c.run.seed
+    if c.input == "grain":
+        batches = data.grain_shuffled_batches(train, batch_size=batch_size, seed=seed)
+        with contextlib.closing(batches):
+            yield batches
+        return
+    batches = data.ShuffledBatches(train, batch_size=batch_size, seed=seed)
+    yield training.resident_if_fits(batches, parallel, say) if c.device_resident else batches
+
+
 def run(c: Config, inputs, ctx):
     if c.init_sweep.sweep:
         return sweep(c, inputs, ctx)
@@ -116,36 +140,51 @@ def run(c: Config, inputs, ctx):
     on_batches = mlp_classifier_config.batch_fns(fns, c.regularization.gamma, ctrl)
     schedule, opt = c.optimization.optimizer(num_steps)
     sizes = f"train {train['label'].shape[0]}, test {test['label'].shape[0]}"
-    batch_size = c.optimization.batch_size
+    batch_size, parallel = c.optimization.batch_size, ctx.data_parallel
     ctx.print(
         f"data: {source}; {sizes}; {num_steps} steps of batch {batch_size} on "
         f"{jax.device_count()} device(s)"
     )
     t0 = time.perf_counter()
-    result = training.fit(
-        # One compiled program (an eager init compiles each of its operations on its own).
-        params=jax.jit(fns.init)(jax.random.PRNGKey(c.run.seed), jnp.asarray(train["image"][:1])),
-        loss_fn=on_batches.loss,
-        optimizer=opt,
+    pair = training.train_step(
+        on_batches.loss,
+        training.skip_nonfinite(opt),  # a non-finite update is skipped (GuardNonFinite stops)
+        update_reg_state=(lambda rs, m, s: ctrl.update(rs, m["rel_residual"])) if ctrl else None,
         learning_rate_fn=schedule,
-        num_steps=num_steps,
-        train_data=data.ShuffledBatches(
-            train, batch_size=batch_size, seed=c.run.seed, device_resident=c.device_resident
-        ),
-        rng=jax.random.PRNGKey(c.run.seed),
         per_device_rng=False,  # one JR coin per global batch
         loss_scale=c.compute.loss_scale(),
-        reg_state=ctrl.init() if ctrl else (),
-        update_reg_state=(lambda rs, m, s: ctrl.update(rs, m["rel_residual"])) if ctrl else None,
-        eval_fn=on_batches.evaluate,
-        eval_data=test,
-        diagnostics_fn=on_batches.diagnostics if c.logging.diagnostics_every else None,
-        desc=c.dataset,
-        **c.optimization.fit_kwargs(),
-        **c.logging.fit_kwargs(),
-        **ctx.fit_kwargs(),
     )
-    final = ([{}] + [r for r in result.history if r["split"] == "eval"])[-1]
+    # One compiled program (an eager init compiles each of its operations on its own).
+    params = jax.jit(fns.init)(jax.random.PRNGKey(c.run.seed), jnp.asarray(train["image"][:1]))
+    state = pair.init(params, jax.random.PRNGKey(c.run.seed), reg_state=ctrl.init() if ctrl else ())
+    evaluate = c.logging.evaluate(
+        on_batches.evaluate,
+        test,
+        batch_size=c.optimization.eval_batch_size,
+        resident=c.device_resident,
+    )
+    actions = c.run.actions(  # records, non-finite guard, ..., SIGTERM, progress bar
+        *c.logging.diagnostics(on_batches.diagnostics),
+        evaluate,
+        log_every=c.logging.log_every,
+        max_nonfinite_steps=c.optimization.max_nonfinite_steps,
+    )
+    with train_batches(c, train, parallel, ctx.print) as batches:
+        result = training.fit(
+            pair,
+            state,
+            batches,
+            num_steps=num_steps,
+            parallel=parallel,
+            actions=actions,
+            checkpoints=c.logging.checkpoints(ctx.checkpoint_dir(), config=ctx.config),
+            policy=ctx.policy(),
+            writers=c.run.writers(ctx),  # metrics.jsonl, TensorBoard, W&B
+            say=ctx.print,
+            run_dir=ctx.out_dir,
+            desc=c.dataset,
+        )
+    final = last_eval(result, ctx)
     out = {"data_source": source, "num_steps": num_steps, "final_step": int(result.state.step)}
     out |= {"interrupted": result.interrupted, "restored_step": result.restored_step}
     out |= {"test": final, "wall_seconds": time.perf_counter() - t0}
@@ -160,6 +199,15 @@ def run(c: Config, inputs, ctx):
             f"{out['wall_seconds']:.1f} s; outputs in {ctx.out_dir}"
         )
     return out
+
+
+def last_eval(result: training.FitResult, ctx) -> dict:
+    """The run's last evaluation: this call's, or (a finished run resumed, which did nothing
+    more) the one its metrics file holds; ``{}`` if none."""
+    evals = [r for r in result.history if r["split"] == "eval"]
+    if not evals and ctx.is_main and os.path.exists(ctx.metrics_path()):
+        evals = [r for r in training.read_jsonl(ctx.metrics_path()) if r["split"] == "eval"]
+    return evals[-1] if evals else {}
 
 
 def sweep(c: Config, inputs, ctx):
@@ -187,7 +235,7 @@ def sweep(c: Config, inputs, ctx):
         eval_batch_size=c.optimization.eval_batch_size,
         log_every=c.logging.log_every,
         progress=c.run.progress,
-        parallel=ctx.parallel,
+        parallel=ctx.data_parallel,
         device_resident=c.device_resident,
         print_fn=ctx.print,
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -124,19 +125,27 @@ def train(c: Config, s: Settings, runs: stacked_runs.StackedRuns, seed: int, ctx
     ctrl = runs.stack(controller.init())._replace(gamma=jnp.asarray(gammas, jnp.float32))
     it = dq.data.ShuffledBatches({"x": xt, "y": yt}, batch_size=s.batch_size, seed=seed + 1)
     total = it.steps_per_epoch * c.epochs
+    name, folder = f"seed{seed}", os.path.abspath(ctx.path(f"ckpt/seed{seed}"))
+    schedule = optax.cosine_decay_schedule(c.lr, total)
+    # Each run's own gradient; a non-finite update skipped (GuardNonFinite stops a streak).
+    loss_fn = runs.summed_loss(run_loss, (0, None, None, 0, None))
+    opt = training.skip_nonfinite(optax.adam(schedule))
+    pair = training.train_step(loss_fn, opt, update_reg_state=update_ctrl, per_device_rng=False)
+    params = runs.stack(MODEL.init(jax.random.fold_in(jax.random.PRNGKey(seed), 0)))
+    policy = ctx.policy(name, checkpoint_dir=folder)  # resumed only if this seed had started
     result = training.fit(
-        params=runs.stack(MODEL.init(jax.random.fold_in(jax.random.PRNGKey(seed), 0))),
-        loss_fn=runs.summed_loss(run_loss, (0, None, None, 0, None)),  # each run's own gradient
+        pair,
+        pair.init(params, jax.random.PRNGKey(seed), reg_state=ctrl),
+        it,
         num_steps=total,
-        optimizer=optax.adam(optax.cosine_decay_schedule(c.lr, total)),
-        train_data=it,
-        rng=jax.random.PRNGKey(seed),
-        per_device_rng=False,
-        reg_state=ctrl,
-        update_reg_state=update_ctrl,
-        log_every=1,
+        parallel=ctx.data_parallel,
+        actions=c.run.actions(log_every=1),
+        checkpoints=training.Checkpoints(folder, config=ctx.config),
+        policy=policy,
+        writers=c.run.writers(ctx, name),
+        say=ctx.print,
+        run_dir=ctx.out_dir,
         desc=f"synthetic_1d seed {seed}",
-        **ctx.fit_kwargs(f"seed{seed}", checkpoint_dir=ctx.path(f"ckpt/seed{seed}")),
     )
     train = [r for r in result.history if r["split"] == "train"]
     keys = ("monitor_nfe", "slope", "jr/gamma", "mse", "fwd_nfe", "fwd_residual")

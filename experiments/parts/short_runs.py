@@ -2,12 +2,13 @@
 
 The main job's ``--sweep`` (``experiments/fashion_mnist.py``; its runs listed by
 ``init_sweep.InitSweepConfig.runs``). :func:`short_runs` is a composition of the public training
-parts: one data-parallel train step (:func:`deqjax.training.train_step` mapped by
-:func:`deqjax.training.data_parallel`) and one evaluation, both compiled once and reused by every
+parts: one data-parallel train step (:func:`deqjax.training.train_step` mapped by the run's
+:class:`deqjax.training.DataParallel`) and one evaluation, both compiled once and reused by every
 run (only the initial parameters and the data order differ); each run is a
 :func:`deqjax.training.train_loop` with two actions, :class:`StopWhenNonFinite` (the loss read
 every ``log_every`` steps, the run stopped as diverged once it is non-finite) and
-:class:`EvaluateAtEnd` (the run evaluated as it stands, diverged or not).
+:class:`deqjax.training.Evaluate` at the end only, also of a run that stopped early
+(``each_epoch=False, even_if_stopped=True``: the run evaluated as it stands, diverged or not).
 """
 
 from __future__ import annotations
@@ -28,76 +29,39 @@ PyTree = Any
 
 
 class StopWhenNonFinite(training.Action):
-    """Reads the loss every ``every_steps`` steps and at the last step, and asks the loop to stop
-    once it is non-finite: the run has diverged.
+    """Reads the loss every ``every_steps`` steps and at the run's last step, and asks the loop
+    to stop once it is non-finite: the run has diverged.
 
     Reusable: :meth:`start` forgets the previous run.
 
     Args:
       every_steps: steps between reads of the metrics (each a host sync).
-      num_steps: the run's last step (always read).
 
     Attributes:
       diverged: the last loss read was non-finite.
       last: the metrics read last, ``{name: float}`` (those of the run's last step once the loop
         has ended: it stops on a step it read, or ends on ``num_steps``).
+
+    Raises:
+      ValueError: ``every_steps`` not an int >= 1.
     """
 
-    def __init__(self, *, every_steps: int, num_steps: int):
-        if every_steps < 1:
-            raise ValueError(f"every_steps must be >= 1, got {every_steps}.")
-        self._every, self._last_step = every_steps, num_steps
+    def __init__(self, *, every_steps: int):
+        super().__init__(every_steps=every_steps)
+        self._asked = self.schedule  # start adds each run's last step to it
         self.diverged = False
         self.last: dict[str, float] = {}
 
-    def start(self, step: int, state: PyTree) -> None:
+    def start(self, ctx: training.LoopContext) -> None:
+        self.schedule = self._asked.also_at(ctx.num_steps)
         self.diverged, self.last = False, {}
 
-    def __call__(
-        self, step: int, state: PyTree, metrics: training.StepMetrics, batch: PyTree
-    ) -> None:
-        if step % self._every == 0 or step == self._last_step:
-            self.last = metrics.host()
-            self.diverged = not math.isfinite(self.last["loss"])
+    def run(self, step: int, state: PyTree, metrics: training.StepMetrics, batch: PyTree) -> None:
+        self.last = metrics.host()
+        self.diverged = not math.isfinite(self.last["loss"])
 
     def stop_requested(self) -> bool:
         return self.diverged
-
-
-class EvaluateAtEnd(training.Action):
-    """Evaluates the run as it stands at its end, also when it stopped early: the record of
-    :class:`~deqjax.training.Evaluate` (``{"split": "eval", "step", name: mean, "count"}``).
-
-    Built once and reused by every run, so its evaluation step compiles once.
-    ``Evaluate``'s own ``end`` skips a run that stopped early, and its schedule evaluates on
-    its steps; so it is built with ``every_steps=1`` and asked only here, at the end.
-
-    Args:
-      eval_fn: ``(params, batch) -> {name: per-example values}``.
-      eval_data: ``{name: array[N, ...]}``, evaluated in full (padded, masked).
-      parallel: how the train step runs over the devices (the parameters' placement).
-      batch_size: the global eval batch, a multiple of the number of devices.
-    """
-
-    def __init__(
-        self,
-        eval_fn: Callable[[PyTree, PyTree], Mapping[str, jax.Array]],
-        eval_data: Mapping[str, np.ndarray],
-        *,
-        parallel: training.DataParallel,
-        batch_size: int,
-    ):
-        self._evaluate = training.Evaluate(
-            eval_fn,
-            eval_data,
-            parallel=parallel,
-            train_data=None,
-            batch_size=batch_size,
-            every_steps=1,
-        )
-
-    def end(self, step: int, state: PyTree, stopped: bool) -> dict[str, Any]:
-        return self._evaluate(step, state, None, None)
 
 
 def short_runs(
@@ -113,9 +77,9 @@ def short_runs(
     eval_batch_size: int,
     num_steps: int,
     log_every: int,
+    parallel: training.DataParallel,
     per_device_rng: bool = False,
     progress: bool = True,
-    parallel: str = "sharded",
     device_resident: bool = False,
     print_fn: Callable[[str], None] | None = print,
 ) -> list[dict]:
@@ -131,10 +95,10 @@ def short_runs(
       train, test: ``{name: array[N, ...]}`` training and evaluation sets.
       batch_size, eval_batch_size, num_steps: per run.
       log_every: the loss is checked for finiteness every this many steps (host syncs).
+      parallel: how the steps run over the devices (the run's
+        :class:`deqjax.training.DataParallel`, built once by the caller).
       per_device_rng: see :func:`deqjax.training.train_step`.
       progress: a progress bar over the runs (else one printed line per run).
-      parallel: how the steps run over every device: ``"sharded"`` or ``"pmap"``
-        (:func:`deqjax.training.data_parallel`).
       device_resident: each run's batches gathered on the devices from the training set placed
         there (:class:`deqjax.training.ResidentBatches`: the same batches, no host-to-device copy
         per step), else placed from the host step by step.
@@ -146,11 +110,13 @@ def short_runs(
       ``loss``, ``nfe`` and ``rel_residual`` (when logged), ``diverged`` (the loss turned
       non-finite), ``steps_run`` and ``seconds``.
     """
-    parallel = training.data_parallel(parallel)
     pair = training.train_step(loss_fn, optimizer, per_device_rng=per_device_rng)
     step_fn = parallel.map_update(pair.update)
-    check = StopWhenNonFinite(every_steps=log_every, num_steps=num_steps)
-    evaluate = EvaluateAtEnd(eval_fn, test, parallel=parallel, batch_size=eval_batch_size)
+    check = StopWhenNonFinite(every_steps=log_every)
+    evaluate = training.Evaluate(
+        eval_fn, test, batch_size=eval_batch_size, each_epoch=False, even_if_stopped=True
+    )
+    context = training.LoopContext(parallel=parallel)  # records without epochs
     rows: list[dict] = []
     bar = tqdm(total=len(runs), disable=not progress, desc="sweep", dynamic_ncols=True, leave=True)
     for run in runs:
@@ -167,6 +133,7 @@ def short_runs(
             placed,
             num_steps=num_steps,
             actions=(check, evaluate),
+            context=context,
             read_metrics=lambda m: parallel.get(m, training.REPLICATED),
         )
         (ev,) = [r for r in result.history if r["split"] == "eval"]

@@ -56,7 +56,7 @@ def test_make_batch_layout_and_blank_only_loss():
 
 def test_batches_follow_one_generator_and_restore_by_replay():
     it = dq.data.CopyMemoryBatches(seed=3, batch_size=4, seq_len=5)
-    assert isinstance(it, dq.data.BatchIterator)
+    assert isinstance(it, dq.data.Batches)
     rng = np.random.default_rng(3)  # the experiment's stream: one generator, batch after batch
     for _ in range(3):
         inputs, targets = dq.data.copy_memory_batch(rng, batch_size=4, seq_len=5)

@@ -9,10 +9,13 @@ CSVs — and that the short run learns (test accuracy well above chance).
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -24,6 +27,8 @@ from deqjax import data, training
 from deqjax._src.data.idx import write_idx
 from deqjax._src.training.checkpoint import all_finite
 from experiments import fashion_mnist as fm
+from tests.helpers.run_experiment import ROOT
+from tests.helpers.train_worker import worker_env
 
 
 def _run(argv):
@@ -47,6 +52,7 @@ def test_main_job_writes_metrics_checkpoints_and_plot(main_run):
     config = json.load(open(os.path.join(out, "config.json")))
     assert config["dataset"] == "digits" and config["jr"] is True
     assert config["device_resident"] is True  # the data on the devices by default
+    assert config["input"] == "arrays" and config["tensorboard"] is True
     records = training.read_jsonl(os.path.join(out, "metrics.jsonl"))
     train = [r for r in records if r["split"] == "train"]
     diag = [r for r in records if r["split"] == "diagnostics"]
@@ -74,18 +80,63 @@ def test_main_job_writes_metrics_checkpoints_and_plot(main_run):
     ckpt = training.Checkpointer(os.path.join(out, "ckpt"))
     assert max(ckpt.all_steps()) == config["steps"]
     ckpt.close()
+    # TensorBoard event files beside the JSONL, by default: the same train losses
+    board = training.read_tensorboard(os.path.join(out, "tensorboard"))
+    assert board["train/loss"] == [(r["step"], pytest.approx(r["loss"])) for r in train]
+    assert [s for s, _ in board["eval/accuracy"]] == [r["step"] for r in evals]
     # the short run learns: chance is 0.1
     assert summary["test"]["accuracy"] > 0.5, summary["test"]
     assert evals[-1]["accuracy"] == pytest.approx(summary["test"]["accuracy"])
 
 
-def test_main_job_resumes_from_its_checkpoint(main_run):
+def test_main_job_resumes_from_its_checkpoint(main_run, capsys):
     out, summary = main_run
     steps = json.load(open(os.path.join(out, "config.json")))["steps"]
+    metrics = open(os.path.join(out, "metrics.jsonl"), "rb").read()
     again = _run(["--smoke", "--dataset", "digits", "--out_dir", out, "--no_progress", "--resume"])
     assert again["restored_step"] == steps and again["final_step"] == steps
-    # nothing left to train: the restored parameters give the same test accuracy
-    assert again["test"]["accuracy"] == pytest.approx(summary["test"]["accuracy"])
+    # nothing left to train, nothing done: the run's last evaluation is reported again
+    assert f"step {steps} of {steps}: nothing left to do" in capsys.readouterr().out
+    assert again["test"] == summary["test"]
+    assert open(os.path.join(out, "metrics.jsonl"), "rb").read() == metrics
+
+
+def test_a_finished_run_relaunched_with_resume_exits_0_having_done_nothing(main_run, tmp_path):
+    """What a scheduler re-launching a finished job does; the process used to abort (exit 134)
+    with the warm-up's background compilations still inside XLA at exit."""
+    out = _copy_run(main_run, tmp_path)
+    before = _snapshot(os.path.join(out, "ckpt"))
+    cmd = [sys.executable, "-m", "experiments.fashion_mnist", *SMOKE, "--resume", "--out_dir", out]
+    env = worker_env(1) | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing left to do" in proc.stdout and "final test accuracy" in proc.stdout
+    assert _snapshot(os.path.join(out, "ckpt")) == before
+
+
+def test_a_batch_the_devices_cannot_share_is_refused_before_the_folder_is_claimed(tmp_path):
+    env = worker_env(2) | {"PYTHONPATH": str(ROOT)}
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "experiments.fashion_mnist", *SMOKE, "--batch_size", "33"]
+    proc = subprocess.run(
+        [*cmd, "--out_dir", str(out)], env=env, cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: --batch_size 33 must be a multiple of the 2 devices (each device takes an equal "
+        "share of the batch)."
+    ]
+    assert not out.exists()  # no config.json to refuse the corrected rerun
+
+
+def test_wandb_without_the_package_is_refused_naming_it(tmp_path, capsys, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    assert _exit_code([*SMOKE, "--wandb", "--out_dir", str(tmp_path / "o")]) == 2
+    assert "pip install wandb" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "o")
 
 
 @pytest.mark.slow  # ~20 s: the main job's smoke again, its batches placed from the host
@@ -101,6 +152,23 @@ def test_the_main_job_with_its_data_on_the_host_logs_the_same_records(main_run, 
     got = untimed(tmp_path / "metrics.jsonl")
     assert got == want[: len(got)] and [r["split"] for r in got].count("eval") == 2
     assert host["test"] == summary["test"]
+
+
+@pytest.mark.slow  # ~20 s: the main job's smoke again, its batches read through grain
+def test_the_main_job_reading_through_grain_logs_the_same_records(main_run, tmp_path):
+    out, summary = main_run
+    grain = _run([*SMOKE, "--input", "grain", "--out_dir", str(tmp_path)])
+    assert json.load(open(tmp_path / "config.json"))["input"] == "grain"
+    untimed = lambda path: [  # noqa: E731
+        {k: v for k, v in r.items() if k != "examples_per_sec"} for r in training.read_jsonl(path)
+    ]
+    want = untimed(os.path.join(out, "metrics.jsonl"))
+    got = untimed(tmp_path / "metrics.jsonl")
+    assert [r["loss"] for r in got if r["split"] == "train"] == [
+        r["loss"] for r in want if r["split"] == "train"
+    ]
+    assert got == want[: len(got)] and [r["split"] for r in got].count("eval") == 2
+    assert grain["test"] == summary["test"]
 
 
 @pytest.mark.slow  # ~1 min: four short runs; the main job's smoke above stays in the default lane
@@ -130,13 +198,20 @@ def test_missing_data_fails_fast_with_paths(tmp_path, capsys):
     assert "nowhere" in err and "dataset-fashion-mnist" in err
 
 
-def test_bfloat16_main_job_records_its_dtype_and_learns(tmp_path):
+def test_bfloat16_main_job_records_its_dtype_and_learns(tmp_path, capsys):
+    """One flag: ``--dtype bfloat16`` alone picks the tolerances bfloat16 resolves (the
+    defaults' 1e-3 it cannot), says so and records them."""
     out = tmp_path / "bf16"
-    argv = ["--smoke", "--dataset", "digits", "--dtype", "bfloat16", "--tol", "1e-2"]
-    argv += ["--bwd_tol", "1e-2", "--out_dir", str(out), "--no_progress", "--no_jr"]
-    summary = _run(argv)
+    argv = ["--smoke", "--dataset", "digits", "--dtype", "bfloat16"]
+    summary = _run([*argv, "--out_dir", str(out), "--no_progress", "--no_jr"])
     config = json.load(open(out / "config.json"))
-    assert config["dtype"] == "bfloat16" and config["tol"] == 0.01
+    assert config["dtype"] == "bfloat16" and config["tol"] == 0.01 and config["bwd_tol"] == 0.01
+    assert config["solver"]["tol"] == 0.01 and config["adjoint"]["solver"]["tol"] == 0.01
+    said = [line for line in capsys.readouterr().out.splitlines() if "picks" in line]
+    assert said == [
+        "--dtype bfloat16 picks --tol 0.01 (default 0.001) and --bwd_tol 0.01 (default 0.001), "
+        "above its machine epsilon 7.8e-03"
+    ]
     assert summary["test"]["accuracy"] > 0.5  # chance: 0.1
     # Parameters and optimizer state stay float32 (the checkpoint's).
     import orbax.checkpoint as ocp
@@ -148,8 +223,10 @@ def test_bfloat16_main_job_records_its_dtype_and_learns(tmp_path):
 
 
 def test_a_tolerance_the_dtype_cannot_resolve_is_refused(tmp_path, capsys):
-    assert _exit_code(["--dtype", "bfloat16", "--out_dir", str(tmp_path / "o")]) == 2
+    argv = ["--dtype", "bfloat16", "--tol", "1e-3", "--out_dir", str(tmp_path / "o")]
+    assert _exit_code(argv) == 2  # given, not picked: refused
     err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
     assert "--tol 0.001" in err and "--dtype bfloat16" in err and "--tol 0.01" in err
     assert not os.path.exists(tmp_path / "o")
 

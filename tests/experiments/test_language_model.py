@@ -24,8 +24,10 @@ def test_flags_keep_their_names():
 def test_dtype_flag_and_its_tolerance_check(tmp_path, capsys):
     c = lm.EXPERIMENT.parse(["--dtype", "bfloat16", "--tol", "1e-2"])
     assert c.compute.dtype == "bfloat16" and lm.check(c) is None
+    c = lm.EXPERIMENT.parse(["--dtype", "bfloat16"])  # one flag: a tolerance bfloat16 resolves
+    assert c.deq.tol == 0.01 and lm.check(c) is None
     with pytest.raises(SystemExit) as stop:
-        lm.main(["--dtype", "bfloat16", "--out_dir", str(tmp_path / "o")])
+        lm.main(["--dtype", "bfloat16", "--tol", "1e-3", "--out_dir", str(tmp_path / "o")])
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "--tol 0.001" in err and "--dtype bfloat16" in err

@@ -1,9 +1,12 @@
 """``--dtype``: the model computes in bfloat16 or float16 with float32 parameters (a jmp policy),
-the solvers keep float32 bookkeeping, and a tolerance the dtype cannot resolve is refused."""
+the solvers keep float32 bookkeeping, a tolerance flag not given takes one the dtype resolves,
+and a tolerance given that the dtype cannot resolve is refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +26,70 @@ def test_a_tolerance_the_dtype_cannot_resolve_is_refused_naming_both():
     assert bf16.check_tol(tol=1e-2, bwd_tol=1e-2) is None
     assert "--bwd_tol 0.0001" in harness.DtypeConfig("float16").check_tol(tol=1e-3, bwd_tol=1e-4)
     assert harness.DtypeConfig().check_tol(tol=1e-6) is None
+
+
+@dataclasses.dataclass(frozen=True)
+class DtypeToy:
+    """An experiment with a solver and a compute dtype."""
+
+    solver: harness.SolverConfig = harness.SolverConfig()
+    compute: harness.DtypeConfig = harness.DtypeConfig()
+    run: harness.RunConfig = harness.RunConfig()
+
+
+TOY = harness.Experiment(
+    name="dtype_toy",
+    doc="A toy experiment.",
+    config=DtypeToy(),
+    setup=lambda c: ((), {}),
+    run=lambda c, inputs, ctx: {"tol": c.solver.tol, "bwd_tol": c.solver.bwd_tol},
+    check=lambda c: c.compute.check_tol(tol=c.solver.tol, bwd_tol=c.solver.bwd_tol),
+)
+
+
+def _picked_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("--dtype")]
+
+
+def test_a_dtype_alone_picks_tolerances_it_resolves_says_so_and_records_them(tmp_path, capsys):
+    out = tmp_path / "bf16"
+    assert harness.run(TOY, ["--dtype", "bfloat16", "--out_dir", str(out)]) == {
+        "tol": 0.01,
+        "bwd_tol": 0.01,
+    }
+    config = json.loads((out / "config.json").read_text())
+    assert (config["dtype"], config["tol"], config["bwd_tol"]) == ("bfloat16", 0.01, 0.01)
+    assert _picked_lines(capsys.readouterr().out) == [
+        "--dtype bfloat16 picks --tol 0.01 (default 0.001) and --bwd_tol 0.01 (default 0.001), "
+        "above its machine epsilon 7.8e-03"
+    ]
+    # A tolerance given is kept (the others picked); the note names only the picked ones.
+    out = tmp_path / "given"
+    argv = ["--dtype", "bfloat16", "--tol", "0.05", "--out_dir", str(out)]
+    assert harness.run(TOY, argv) == {"tol": 0.05, "bwd_tol": 0.01}
+    assert _picked_lines(capsys.readouterr().out) == [
+        "--dtype bfloat16 picks --bwd_tol 0.01 (default 0.001), above its machine epsilon 7.8e-03"
+    ]
+    argv = ["--dtype", "bfloat16", "--tol", "0.01", "--bwd_tol", "0.02", "--out_dir"]
+    assert harness.run(TOY, [*argv, str(tmp_path / "both")]) == {"tol": 0.01, "bwd_tol": 0.02}
+    assert _picked_lines(capsys.readouterr().out) == []
+    # float16 resolves the defaults (eps 9.8e-4 < 1e-3), float32 too: nothing picked, no note.
+    for dtype in ("float16", "float32"):
+        argv = ["--dtype", dtype, "--out_dir", str(tmp_path / dtype)]
+        assert harness.run(TOY, argv) == {"tol": 1e-3, "bwd_tol": 1e-3}
+        assert _picked_lines(capsys.readouterr().out) == []
+
+
+def test_a_tolerance_given_below_what_the_dtype_resolves_is_still_refused(tmp_path, capsys):
+    out = tmp_path / "o"
+    for argv in (["--tol", "1e-3"], ["--bwd_tol", "0.005", "--tol", "0.01"]):
+        with pytest.raises(SystemExit) as stop:
+            harness.run(TOY, ["--dtype", "bfloat16", *argv, "--out_dir", str(out)])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "below what --dtype bfloat16 resolves" in err[0]
+        assert f"--{argv[0][2:]} {float(argv[1]):g}" in err[0]
+        assert not out.exists()
 
 
 def test_policy_and_loss_scale():

@@ -1,4 +1,4 @@
-"""What a run is handed: paths, ``fit`` keywords of named trainings, their summaries."""
+"""What a run is handed: the files and resume policy of its named trainings, their summaries."""
 
 from __future__ import annotations
 
@@ -9,25 +9,28 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from deqjax import data, harness
+from deqjax import data, harness, training
 
 
 def _ctx(tmp_path, resume=False):
     return harness.RunContext(str(tmp_path), {"seed": 0}, resume, False, False)
 
 
-def test_fit_kwargs_name_their_training_and_resume_only_what_started(tmp_path):
+def test_trainings_are_named_and_resume_only_what_started(tmp_path):
     ctx = _ctx(tmp_path, resume=True)
-    kw = ctx.fit_kwargs()
-    assert kw["checkpoint_dir"] == str((tmp_path / "ckpt").resolve()) and kw["resume"]
-    assert kw["metrics_path"] == str(tmp_path / "metrics.jsonl") and kw["config"] == {"seed": 0}
-    kw = ctx.fit_kwargs("gamma0")
-    assert kw["checkpoint_dir"].endswith("ckpt_gamma0") and not kw["resume"]  # never started
+    assert ctx.checkpoint_dir() == str((tmp_path / "ckpt").resolve()) and ctx.policy().resume
+    assert ctx.metrics_path() == str(tmp_path / "metrics.jsonl")
+    assert ctx.checkpoint_dir("gamma0").endswith("ckpt_gamma0")
+    assert ctx.metrics_path("gamma0") == str(tmp_path / "metrics_gamma0.jsonl")
+    assert not ctx.policy("gamma0").resume  # never started
     (tmp_path / "ckpt_gamma0" / "3").mkdir(parents=True)
-    assert ctx.fit_kwargs("gamma0")["resume"]
-    assert not _ctx(tmp_path).fit_kwargs("gamma0")["resume"]
-    assert ctx.fit_kwargs("seed0", checkpoint_dir=str(tmp_path / "ckpt/seed0"))["resume"] is False
-    assert ctx.fit_kwargs("x", resume=True)["resume"]  # an explicit keyword wins
+    assert ctx.policy("gamma0") == training.RunPolicy(resume=True, overwrite=False)
+    assert not _ctx(tmp_path).policy("gamma0").resume
+    assert ctx.policy("seed0", checkpoint_dir=str(tmp_path / "ckpt/seed0")).resume is False
+    (tmp_path / "ckpt_gamma1").mkdir()
+    assert not ctx.policy("gamma1").resume  # an empty folder holds nothing
+    over = harness.RunContext(str(tmp_path), {}, False, True, False)
+    assert over.policy("gamma0") == training.RunPolicy(resume=False, overwrite=True)
 
 
 def test_write_text_json_and_train_records(tmp_path):
@@ -41,29 +44,34 @@ def test_write_text_json_and_train_records(tmp_path):
     assert ctx.train_history("m", ("nll",)) == {"nll": [2.0, 1.0]}
 
 
-def test_fit_summarises_a_named_training(tmp_path):
+def test_a_named_training_through_fit_is_summarised(tmp_path):
     def loss_fn(params, batch, key, reg_state, step):
         loss = jnp.mean((batch["x"] * params["w"] - 1.0) ** 2)
         return loss, {"mse": loss}
 
     ctx = _ctx(tmp_path)
-    trained = ctx.fit(
-        "toy",
-        history=("mse",),
-        batch_size=4,
-        params={"w": jnp.zeros((), jnp.float32)},
-        loss_fn=loss_fn,
-        optimizer=optax.sgd(0.1),
-        train_data=data.ShuffledBatches({"x": np.ones((8,), np.float32)}, batch_size=4, seed=0),
+    run = harness.ResumableRunConfig(progress=False)
+    pair = training.train_step(loss_fn, optax.sgd(0.1))
+    result = training.fit(
+        pair,
+        pair.init({"w": jnp.zeros((), jnp.float32)}, jax.random.PRNGKey(0)),
+        data.ShuffledBatches({"x": np.ones((8,), np.float32)}, batch_size=4, seed=0),
         num_steps=20,
-        rng=jax.random.PRNGKey(0),
-        log_every=1,
+        parallel=training.data_parallel("sharded"),
+        actions=run.actions(log_every=1),
+        checkpoints=training.Checkpoints(ctx.checkpoint_dir("toy")),
+        policy=ctx.policy("toy"),
+        writers=run.writers(ctx, "toy"),
+        say=None,
     )
+    trained = ctx.trained("toy", result, history=("mse",), batch_size=4, seconds=1.5)
+    assert trained.result is result and trained.seconds == 1.5
     assert len(trained.history["mse"]) == 20 and trained.num_params == 1
     assert trained.tail("mse") == np.mean(trained.history["mse"][-2:])  # the last tenth
     assert trained.history["mse"][-1] < 0.1 * trained.history["mse"][0]
-    assert trained.step_seconds > 0 and trained.seconds > 0
+    assert trained.step_seconds > 0
     assert (tmp_path / "metrics_toy.jsonl").exists() and (tmp_path / "ckpt_toy").is_dir()
+    assert training.read_tensorboard(tmp_path / "tensorboard" / "toy")["train/mse"][-1][0] == 20
 
 
 def test_run_until_interrupted_stops_after_a_sigterm():

@@ -29,7 +29,7 @@ def test_token_nll_is_the_mean_negative_log_likelihood():
 def test_lm_batches_passes_reset_and_restore():
     tokens = np.arange(100)
     it = dq.data.LMBatches(tokens, num_streams=2, segment_length=7)
-    assert isinstance(it, dq.data.BatchIterator) and it.steps_per_epoch == 7
+    assert isinstance(it, dq.data.Batches) and it.steps_per_epoch == 7
     batches = [next(it) for _ in range(9)]
     assert [bool(b["reset"][0]) for b in batches] == [True] + [False] * 6 + [True, False]
     np.testing.assert_array_equal(batches[7]["inputs"], batches[0]["inputs"])  # a new pass
@@ -99,21 +99,25 @@ def test_lm_fit_with_memory_resumes_exactly(tmp_path):
     first = next(dq.data.LMBatches(tokens, num_streams=B, segment_length=T))
     params = model.init(jax.random.PRNGKey(0), first["inputs"], mem0, True)
 
+    pair = dq.training.train_step(
+        dq.models.lm_loss(model, memory_length=M),
+        dq.training.skip_nonfinite(optax.sgd(0.1)),
+        with_carry=True,
+    )
+    parallel = dq.training.data_parallel("sharded")
+
     def fit(steps, out, resume=False):
         return dq.training.fit(
-            params=params,
-            loss_fn=dq.models.lm_loss(model, memory_length=M),
-            optimizer=optax.sgd(0.1),
+            pair,
+            pair.init(params, jax.random.PRNGKey(1), carry=mem0),
+            dq.data.LMBatches(tokens, num_streams=B, segment_length=T),
             num_steps=steps,
-            rng=jax.random.PRNGKey(1),
-            carry=mem0,
-            train_data=dq.data.LMBatches(tokens, num_streams=B, segment_length=T),
-            log_every=1,
-            checkpoint_dir=str(out / "ckpt"),
-            metrics_path=str(out / "m.jsonl"),
-            resume=resume,
-            progress=False,
-            print_fn=None,
+            parallel=parallel,
+            actions=dq.training.default_actions(log_every=1, progress=False),
+            checkpoints=dq.training.Checkpoints(out / "ckpt"),
+            policy=dq.training.RunPolicy(resume=resume),
+            writers=[dq.training.JsonlWriter(out / "m.jsonl")],
+            say=None,
         )
 
     full = fit(6, tmp_path / "full")

@@ -12,19 +12,24 @@ non-finite guard); bfloat16 has float32's exponent range and needs none.
 
 A tolerance the dtype cannot resolve is refused (:meth:`DtypeConfig.check_tol`): a relative
 residual of a state rounded to a dtype of machine epsilon ``eps`` stays near ``eps``, so a solve
-to ``tol < eps`` could only stall.
+to ``tol < eps`` could only stall. A tolerance flag left at a default the dtype cannot resolve
+takes the round tolerance just above ``eps`` instead (:func:`dtype_tolerances`; bfloat16: 0.01):
+``--dtype bfloat16`` alone is enough, and the run says so (:func:`tolerance_note`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from itertools import chain
 from typing import Any, Literal
 
 import haiku as hk
 import jax.numpy as jnp
 import jmp
+
+from deqjax._src.harness.flat_config import declared, find_section, flat_dict
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -45,10 +50,20 @@ class DtypeConfig:
             param_dtype=jnp.float32, compute_dtype=jnp.dtype(self.dtype), output_dtype=jnp.float32
         )
 
+    def eps(self) -> float:
+        """The compute dtype's machine epsilon: the smallest relative residual it resolves."""
+        return float(jnp.finfo(jnp.dtype(self.dtype)).eps)
+
+    def resolvable(self, **tols: float) -> dict[str, float]:
+        """``{flag: tolerance}`` for each of ``tols`` (``flag=value``) below what the compute
+        dtype resolves: the round tolerance just above its machine epsilon (bfloat16: 0.01)."""
+        eps = self.eps()
+        return {flag: _above(eps) for flag, tol in tols.items() if tol < eps}
+
     def check_tol(self, **tols: float) -> str | None:
         """A message refusing the first tolerance (``flag=value``) below the compute dtype's
         resolution, or ``None``."""
-        eps = float(jnp.finfo(jnp.dtype(self.dtype)).eps)
+        eps = self.eps()
         for flag, tol in tols.items():
             if tol < eps:
                 return (
@@ -85,6 +100,31 @@ class DtypeConfig:
 
 
 FLOAT32 = DtypeConfig()  # the default: no policy
+
+
+def dtype_tolerances(config: Any, defaults: Any) -> dict[str, float]:
+    """The tolerances ``config``'s ``--dtype`` gives the flags it is not given: ``{flag:
+    tolerance}`` for each tolerance flag (those its sections declare in ``TOLERANCES``) whose
+    value in ``defaults`` the dtype cannot resolve (:meth:`DtypeConfig.resolvable`); ``{}``
+    without a :class:`DtypeConfig` section."""
+    compute = find_section(config, DtypeConfig)
+    if compute is None:
+        return {}
+    values = flat_dict(defaults)
+    return compute.resolvable(
+        **{flag: values[flag] for flag in chain(*declared(config, "TOLERANCES"))}
+    )
+
+
+def tolerance_note(config: Any, picked: Mapping[str, float], defaults: Any) -> str | None:
+    """The line a run prints when ``--dtype`` picked the tolerances ``picked`` (``{flag:
+    tolerance}``) in place of ``defaults``' values, or ``None`` when it picked none."""
+    compute = find_section(config, DtypeConfig)
+    if not picked or compute is None:
+        return None
+    values = flat_dict(defaults)
+    flags = " and ".join(f"--{f} {tol:g} (default {values[f]:g})" for f, tol in picked.items())
+    return f"--dtype {compute.dtype} picks {flags}, above its machine epsilon {compute.eps():.1e}"
 
 
 def _above(eps: float) -> float:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from deqjax._src.harness.cli import parse_config
+from deqjax._src.harness.dtype_config import dtype_tolerances
 from deqjax._src.harness.flat_config import declared, find_section, flat_dict, replace_flat
 from deqjax._src.harness.run_config import RunConfig
 from deqjax._src.harness.run_context import RunContext
@@ -71,16 +72,35 @@ class Experiment(Generic[Config]):
         return replace_flat(self.config, **values)
 
     def parse(self, argv: Sequence[str] | None = None) -> Config:
-        """Reads ``argv`` (default ``sys.argv[1:]``) with the defaults of its mode flag and
-        ``--smoke`` (explicit flags win).
+        """Reads ``argv`` (default ``sys.argv[1:]``) with the defaults of its mode flag,
+        ``--smoke`` and ``--dtype`` (explicit flags win; :meth:`parse_noting`).
 
         Raises:
           SystemExit: status 0 after ``--help``, 2 for a bad flag or value.
         """
+        return self.parse_noting(argv)[0]
+
+    def parse_noting(self, argv: Sequence[str] | None = None) -> tuple[Config, dict[str, float]]:
+        """:meth:`parse`, and the tolerances ``--dtype`` picked: ``(config, {flag: tolerance})``.
+
+        A tolerance flag not given whose default the compute dtype cannot resolve takes the
+        round tolerance just above its machine epsilon
+        (:func:`~deqjax._src.harness.dtype_config.dtype_tolerances`): ``--dtype bfloat16``
+        alone runs at ``--tol 0.01``; a ``--tol`` given is kept (and refused if too small).
+        """
         argv = list(sys.argv[1:] if argv is None else argv)
         mode = next((m for m in self.modes if f"--{m}" in argv), None)
         defaults = self.defaults(smoke="--smoke" in argv, mode=mode)
-        return parse_config(defaults, argv, description=self.doc)
+        config = parse_config(defaults, argv, description=self.doc)
+        tolerances = dtype_tolerances(config, defaults)
+        if not tolerances:
+            return config, {}
+        given = flat_dict(config)
+        config = parse_config(replace_flat(defaults, **tolerances), argv, description=self.doc)
+        picked = {
+            flag: tol for flag, tol in tolerances.items() if flat_dict(config)[flag] != given[flag]
+        }
+        return config, picked
 
     def mode(self, config: Config) -> str | None:
         """The mode flag set in ``config`` (the first of :attr:`modes`), or None."""

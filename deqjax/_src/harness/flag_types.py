@@ -10,7 +10,9 @@ int >= 1, got -1`` (exit status 2) instead of failing later inside the run:
 * :data:`FloatList`, :data:`IntList` and :func:`choice_list` (names from a set): one
   comma-separated value (``--sweep_scales 0.5,1.5``) read as a tuple;
 * :data:`Switch`: a boolean flag that only turns something on (``--sweep``, ``--resume``), or
-  for a field whose default is True only off; no ``--no_<name>`` twin.
+  for a field whose default is True only off; no ``--no_<name>`` twin;
+* :data:`StepWindow`: a window of training steps ``A:B`` (``--profile_steps 10:12``), or ``''``
+  for none; :func:`step_window` reads it as ``(A, B)``.
 
 >>> @dataclasses.dataclass(frozen=True)
 ... class Config:
@@ -99,3 +101,41 @@ FloatList = Annotated[
 ]
 IntList = Annotated[tuple[int, ...], _comma_separated(lambda t: _convert(int, t), "INT,...")]
 Switch = tyro.conf.FlagCreatePairsOff[bool]
+
+
+def step_window(text: str) -> tuple[int, int] | None:
+    """The steps ``(A, B)`` of a window written ``"A:B"`` (``1 <= A <= B``); None for ``""``.
+
+    Raises:
+      ValueError: ``text`` is not of that form (the message says what was expected).
+    """
+    if text == "":
+        return None
+    first, colon, last = text.partition(":")
+    try:
+        window = (int(first), int(last)) if colon else None
+    except ValueError:
+        window = None
+    if window is None or not 1 <= window[0] <= window[1]:
+        raise ValueError(
+            f"expected A:B, the first and the last step of the window (integers, 1 <= A <= B), "
+            f"got {text!r}"
+        )
+    return window
+
+
+def _window_from_text(args: list[str]) -> str:
+    window = step_window(args[0].strip())
+    return "" if window is None else f"{window[0]}:{window[1]}"
+
+
+StepWindow = Annotated[
+    str,
+    PrimitiveConstructorSpec(
+        nargs=1,
+        metavar="A:B",
+        instance_from_str=_window_from_text,
+        is_instance=lambda value: isinstance(value, str),
+        str_from_instance=lambda value: [value],
+    ),
+]

@@ -3,7 +3,9 @@
 
 ``--parallel sharded`` (the default) trains data-parallel with ``jax.jit`` over a mesh of every
 device, each device solving its own shard inside ``jax.shard_map``; ``--parallel pmap`` with
-``jax.pmap`` (the same numbers). See :mod:`deqjax._src.training.data_parallel`.
+``jax.pmap`` (the same numbers). See :mod:`deqjax._src.training.data_parallel`. The runner builds
+the :class:`~deqjax.training.DataParallel` once (:meth:`MultiHostConfig.data_parallel`) and hands
+it to the run (``ctx.data_parallel``).
 
 An experiment whose configuration holds a :class:`MultiHostConfig` joins a multi-host run before
 anything else (the runner calls :meth:`MultiHostConfig.initialize`). Unset flags fall back to the
@@ -16,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Literal
 
+from deqjax._src.training.data_parallel import DataParallel, data_parallel
 from deqjax._src.training.distributed import DistributedConfig, initialize_distributed
 
 
@@ -38,3 +41,8 @@ class MultiHostConfig:
         """Joins the multi-host run these flags (or the environment) describe; None: one
         process. Call before any other JAX call."""
         return initialize_distributed(self.coordinator_address, self.num_processes, self.process_id)
+
+    def data_parallel(self) -> DataParallel:
+        """The :class:`~deqjax.training.DataParallel` of ``--parallel`` over every device (call
+        after :meth:`initialize`)."""
+        return data_parallel(self.parallel)

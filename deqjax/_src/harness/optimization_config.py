@@ -2,13 +2,15 @@
 
 Flags ``--epochs --steps --batch_size --eval_batch_size --lr --schedule --warmup_steps --clip_norm
 --max_nonfinite_steps``; :meth:`OptimizationConfig.optimizer` builds the schedule and Adam with
-clipping (:func:`deqjax.training.make_schedule`, :func:`~deqjax.training.make_optimizer`).
+clipping (:func:`deqjax.training.make_schedule`, :func:`~deqjax.training.make_optimizer`). The
+batch sizes are split over the devices (``SPLIT_OVER_DEVICES``: the runner refuses, before the run
+starts, a batch the devices do not divide).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import optax
 
@@ -32,6 +34,8 @@ class OptimizationConfig:
         "eval_batch_size",
         "max_nonfinite_steps",
     )
+    # Batches the devices share (the runner checks them before the run starts).
+    SPLIT_OVER_DEVICES: ClassVar[tuple[str, ...]] = ("batch_size", "eval_batch_size")
 
     epochs: PositiveInt = 4  # passes over the data
     steps: NonNegativeInt = 0  # total steps (0: epochs x steps/epoch)
@@ -57,10 +61,3 @@ class OptimizationConfig:
             total_steps=num_steps if self.schedule != "constant" else None,
         )
         return schedule, make_optimizer(learning_rate=schedule, clip_norm=self.clip_norm or None)
-
-    def fit_kwargs(self) -> dict[str, Any]:
-        """The :func:`~deqjax.training.fit` keywords these flags set."""
-        return {
-            "eval_batch_size": self.eval_batch_size,
-            "max_nonfinite_steps": self.max_nonfinite_steps,
-        }

@@ -1,7 +1,11 @@
-"""What a running experiment is handed: where it writes, and what every ``fit`` call shares.
+"""What a running experiment is handed: where it writes, the devices it trains on, and the files
+and resume policy of each of its trainings.
 
-:class:`RunContext` gives the output paths, the ``fit`` keywords of the run's trainings and
-:meth:`RunContext.fit`, one named training summarised from its metrics file (:class:`Trained`);
+:class:`RunContext` gives the output paths, the :class:`~deqjax.training.DataParallel` the runner
+built once from ``--parallel``, and per training (the run's one, or one of several named ones)
+its checkpoint folder, metrics file and :class:`~deqjax.training.RunPolicy`; the experiment builds
+the rest of :func:`~deqjax.training.fit`'s arguments from its configuration.
+:meth:`RunContext.trained` summarises a named training from its metrics file (:class:`Trained`);
 :func:`run_until_interrupted` trains several in turn and stops after a SIGTERM.
 """
 
@@ -9,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -18,12 +21,14 @@ import numpy as np
 
 from deqjax._src.harness.metric_curves import plot_metrics
 from deqjax._src.harness.run_dir import write_json
-from deqjax._src.training.fit import FitResult, fit
+from deqjax._src.training.data_parallel import DataParallel
+from deqjax._src.training.fit import FitResult
 from deqjax._src.training.metrics import read_jsonl
+from deqjax._src.training.run_policy import RunPolicy
 
 
 class Trained(NamedTuple):
-    """One training of a run (:meth:`RunContext.fit`) and what its metrics file holds."""
+    """One training of a run (:meth:`RunContext.trained`) and what its metrics file holds."""
 
     result: FitResult  # what ``fit`` returned (the parameters: ``result.state.params``)
     history: dict[str, list]  # {metric: [value per train record]}, as one uninterrupted run
@@ -39,7 +44,7 @@ class Trained(NamedTuple):
 
 @dataclasses.dataclass
 class RunContext:
-    """Where a run writes, and the keyword arguments every ``fit`` call of the run shares.
+    """Where a run writes, and what its trainings share.
 
     Attributes:
       out_dir: the run's output folder.
@@ -48,8 +53,10 @@ class RunContext:
       overwrite: a new run replaces an earlier one (``--overwrite``).
       progress: show progress bars (not ``--no_progress``).
       mode: the mode flag that is set (e.g. ``"sweep"``), or None.
-      parallel: how each training runs over the devices (``--parallel``: ``"sharded"`` or
-        ``"pmap"``).
+      data_parallel: how each training runs over the devices, built once by the runner from
+        ``--parallel`` (``training.data_parallel("sharded")`` or ``"pmap"``); None outside a
+        run.
+      experiment: the experiment's name (e.g. the W&B project's).
     """
 
     out_dir: str
@@ -58,7 +65,8 @@ class RunContext:
     overwrite: bool
     progress: bool
     mode: str | None = None
-    parallel: str = "sharded"
+    data_parallel: DataParallel | None = None
+    experiment: str = "run"
 
     @property
     def is_main(self) -> bool:
@@ -76,49 +84,54 @@ class RunContext:
 
             tqdm.tqdm.write(line)
 
-    def fit_kwargs(self, name: str | None = None, **overrides: Any) -> dict:
-        """``checkpoint_dir``, ``metrics_path``, ``resume``, ``overwrite``, ``progress``,
-        ``config``, ``parallel`` and ``print_fn`` for :func:`~deqjax.training.fit`
-        (``overrides`` win).
+    def checkpoint_dir(self, name: str | None = None) -> str:
+        """The checkpoint folder of the training ``name``: ``ckpt_<name>/`` (None: the run's one
+        training, ``ckpt/``), an absolute path."""
+        return os.path.abspath(self.path(f"ckpt_{name}" if name is not None else "ckpt"))
+
+    def metrics_path(self, name: str | None = None) -> str:
+        """The metrics file of the training ``name``: ``metrics_<name>.jsonl`` (None:
+        ``metrics.jsonl``)."""
+        return self.path(f"metrics_{name}.jsonl" if name is not None else "metrics.jsonl")
+
+    def policy(self, name: str | None = None, *, checkpoint_dir: str | None = None) -> RunPolicy:
+        """The :class:`~deqjax.training.RunPolicy` of the training ``name`` (``--resume``,
+        ``--overwrite``).
+
+        One of several named trainings resumes only if its checkpoint folder holds something: a
+        run killed before this training started starts it afresh on ``--resume``. The run's one
+        training (``name`` None) resumes with ``--resume``.
 
         Args:
-          name: one of several trainings of this run (one per seed, model or γ): it checkpoints
-            to ``ckpt_<name>/`` and logs to ``metrics_<name>.jsonl``, and is resumed only if its
-            checkpoint folder holds something (a run killed before this training started
-            starts it afresh on ``--resume``). None: the run's one training (``ckpt/``,
-            ``metrics.jsonl``).
-          **overrides: keywords that replace these (e.g. another ``checkpoint_dir``).
+          name: the training (None: the run's one training).
+          checkpoint_dir: its checkpoint folder, if not :meth:`checkpoint_dir` ``(name)``.
         """
-        suffix = f"_{name}" if name is not None else ""
-        kwargs = {
-            "checkpoint_dir": os.path.abspath(self.path(f"ckpt{suffix}")),
-            "metrics_path": self.path(f"metrics{suffix}.jsonl"),
-            "resume": self.resume,
-            "overwrite": self.overwrite,
-            "progress": self.progress,
-            "config": self.config,
-            "parallel": self.parallel,
-            "print_fn": self.print,
-        }
-        kwargs |= overrides
-        if name is not None and "resume" not in overrides:
-            folder = kwargs["checkpoint_dir"]
-            kwargs["resume"] = self.resume and os.path.isdir(folder) and bool(os.listdir(folder))
-        return kwargs
+        resume = self.resume
+        if name is not None:
+            folder = checkpoint_dir if checkpoint_dir is not None else self.checkpoint_dir(name)
+            resume = resume and os.path.isdir(folder) and bool(os.listdir(folder))
+        return RunPolicy(resume=resume, overwrite=self.overwrite)
 
-    def fit(self, name: str, *, history: Sequence[str], batch_size: int, **kwargs: Any) -> Trained:
-        """:func:`~deqjax.training.fit` of the training ``name`` (:meth:`fit_kwargs`), then its
-        ``history`` metrics (one record per step: ``log_every=1``) and its step time.
+    def trained(
+        self,
+        name: str,
+        result: FitResult,
+        *,
+        history: Sequence[str],
+        batch_size: int,
+        seconds: float,
+    ) -> Trained:
+        """The training ``name`` that ``fit`` returned ``result`` for in ``seconds``, with its
+        ``history`` metrics read from its metrics file (one record per step: ``log_every=1``)
+        and its step time.
 
         Args:
-          name: the training (its ``ckpt_<name>/``, ``metrics_<name>.jsonl``).
+          name: the training (its ``metrics_<name>.jsonl``).
+          result: what :func:`~deqjax.training.fit` returned.
           history: the metrics to read back from its train records.
           batch_size: the global batch (the step time is ``batch_size / examples_per_sec``).
-          **kwargs: ``fit``'s other arguments (``params``, ``loss_fn``, ...).
+          seconds: the wall time of the ``fit`` call.
         """
-        t0 = time.perf_counter()
-        result = fit(**kwargs, **self.fit_kwargs(name))
-        seconds = time.perf_counter() - t0
         hist = self.train_history(name, (*history, "examples_per_sec"))
         speeds = hist.pop("examples_per_sec")
         step_s = float(np.median([batch_size / v for v in speeds[1:] or speeds]))
@@ -126,10 +139,9 @@ class RunContext:
         return Trained(result, hist, seconds, step_s, params)
 
     def train_records(self, name: str | None) -> list[dict]:
-        """The train records of the training ``name`` (see :meth:`fit_kwargs`), read from its
+        """The train records of the training ``name`` (see :meth:`metrics_path`), read from its
         metrics file as one uninterrupted run."""
-        path = self.path(f"metrics_{name}.jsonl" if name is not None else "metrics.jsonl")
-        return [r for r in read_jsonl(path) if r.get("split") == "train"]
+        return [r for r in read_jsonl(self.metrics_path(name)) if r.get("split") == "train"]
 
     def train_history(self, name: str | None, keys: Sequence[str]) -> dict[str, list]:
         """``{key: [value per train record]}`` of the training ``name``."""

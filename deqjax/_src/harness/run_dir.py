@@ -28,7 +28,16 @@ from deqjax._src.training.run_policy import RunPolicy
 CONFIG_NAME = "config.json"
 # Files and folders that make a folder "hold a run"; --overwrite deletes these (and the outputs
 # the experiment names), nothing else.
-RUN_FILES = (CONFIG_NAME, "metrics.jsonl", "ckpt", "results.json")
+RUN_FILES = (
+    CONFIG_NAME,
+    "metrics.jsonl",
+    "ckpt",
+    "results.json",
+    "tensorboard",
+    "profile",
+    "wandb",
+    "wandb_run_id.txt",
+)
 # Flags that never change what a run computes: not compared on resume.
 IGNORED_KEYS = frozenset(
     {
@@ -38,6 +47,9 @@ IGNORED_KEYS = frozenset(
         "progress",
         "out_dir",
         "compilation_cache",
+        "tensorboard",
+        "wandb",
+        "profile_steps",
         "coordinator_address",
         "num_processes",
         "process_id",

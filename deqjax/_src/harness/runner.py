@@ -4,12 +4,18 @@
 experiment:
 
 * the flags of its configuration (tyro), with its ``--smoke`` and mode defaults;
+* the devices: one :class:`~deqjax.training.DataParallel` built from ``--parallel`` (default
+  sharded), handed to the run as ``ctx.data_parallel``; a batch flag the devices do not divide
+  (those the configuration's sections declare in ``SPLIT_OVER_DEVICES``) is refused before
+  anything is written;
 * ``config.json`` (``<mode>_config.json`` in a mode such as ``--sweep``): every flag plus the
   derived values the experiment's ``setup`` returns, solver objects written field by field
   (:func:`~deqjax.harness.to_python`); the folder is guarded by
   :func:`~deqjax.harness.prepare_run_dir` (no silent overwrite, no resume under other flags);
   the run starts by printing a few short lines: the experiment and its folder, the settings
-  given that differ from the defaults, and where the full configuration is;
+  given that differ from the defaults, the tolerances ``--dtype`` picked (a ``--dtype
+  bfloat16`` without ``--tol`` runs at a tolerance bfloat16 resolves), and where the full
+  configuration is;
 * ``results.json`` (``<mode>.json``): what ``run`` returns, written atomically;
 * JAX's persistent compilation cache for the run (``--compilation_cache``,
   :mod:`~deqjax._src.harness.compilation_cache`): a later run loads the programs it compiled;
@@ -35,8 +41,11 @@ from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import Any, NoReturn
 
+import jax
+
 from deqjax._src.data.errors import DataFormatError, DataNotFoundError
 from deqjax._src.harness.compilation_cache import persistent_compilation_cache
+from deqjax._src.harness.dtype_config import tolerance_note
 from deqjax._src.harness.experiment import Experiment, run_section
 from deqjax._src.harness.flat_config import declared, find_section, flat_dict
 from deqjax._src.harness.multihost_config import MultiHostConfig
@@ -44,10 +53,13 @@ from deqjax._src.harness.run_config import ResumableRunConfig
 from deqjax._src.harness.run_context import RunContext
 from deqjax._src.harness.run_dir import RunDirError, prepare_run_dir
 from deqjax._src.training.checkpoint import CheckpointError, RestoreError
+from deqjax._src.training.data_parallel import DataParallel, data_parallel
 from deqjax._src.training.fit import NonFiniteError
 from deqjax._src.training.metrics import to_python
 
 EXIT_USAGE, EXIT_FAILED, EXIT_SIGTERM = 2, 3, 143
+# The sections' (and configurations') declared batch flags the devices share equally.
+SPLIT = "SPLIT_OVER_DEVICES"
 LINE, VALUE = 120, 40  # the start of a run: line width, the characters of a value shown
 
 
@@ -61,9 +73,11 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     raise SystemExit(code)
 
 
-def _start(exp: Experiment, config: Any) -> tuple[Any, dict]:
-    """Checks the flags, joins a multi-host run, runs ``setup``: ``(inputs, config.json)``."""
-    message = exp.check(config) if exp.check is not None else None
+def _start(exp: Experiment, config: Any) -> tuple[Any, dict, DataParallel]:
+    """Checks the flags, joins a multi-host run, builds the devices' :class:`DataParallel` (a
+    batch they do not divide refused), runs ``setup``: ``(inputs, config.json, parallel)``.
+    Nothing is written yet."""
+    message = run_section(config).check() or (exp.check(config) if exp.check else None)
     if message:
         fail(message)
     multihost = find_section(config, MultiHostConfig)
@@ -72,14 +86,30 @@ def _start(exp: Experiment, config: Any) -> tuple[Any, dict]:
             multihost.initialize()  # ValueError: an incomplete or inconsistent configuration
     except ValueError as e:
         fail(str(e))
+    parallel = multihost.data_parallel() if multihost is not None else data_parallel("sharded")
+    flat = flat_dict(config)
+    _check_batches(parallel, {name: flat[name] for name in chain(*declared(config, SPLIT))})
     try:
         inputs, extra = exp.setup(config)
     except (DataNotFoundError, DataFormatError, UsageError) as e:
         fail(str(e))
-    return inputs, flat_dict(config) | dict(extra)
+    return inputs, flat | dict(extra), parallel
 
 
-def _context(exp: Experiment, config: Any, flat: dict, mode: str | None) -> RunContext:
+def _check_batches(parallel: DataParallel, batches: Mapping[str, int]) -> None:
+    """Exits with status 2 naming the first batch flag the devices cannot share equally."""
+    num_devices = jax.process_count() * len(parallel.local_devices)
+    for name, size in batches.items():
+        if size % num_devices:
+            fail(
+                f"--{name} {size} must be a multiple of the {num_devices} devices (each device "
+                f"takes an equal share of the batch)."
+            )
+
+
+def _context(
+    exp: Experiment, config: Any, flat: dict, mode: str | None, parallel: DataParallel
+) -> RunContext:
     """Prepares ``--out_dir`` (writing ``config.json``); the context the run writes through."""
     run = run_section(config)
     resumable = isinstance(run, ResumableRunConfig)
@@ -97,9 +127,9 @@ def _context(exp: Experiment, config: Any, flat: dict, mode: str | None) -> RunC
         )
     except RunDirError as e:
         fail(str(e))
-    devices = find_section(config, MultiHostConfig)
-    parallel = devices.parallel if devices is not None else "sharded"
-    return RunContext(run.out_dir, flat, resume, run.overwrite, run.progress, mode, parallel)
+    return RunContext(
+        run.out_dir, flat, resume, run.overwrite, run.progress, mode, parallel, exp.name
+    )
 
 
 def run(exp: Experiment, argv: Sequence[str] | None = None) -> dict:
@@ -115,18 +145,18 @@ def run(exp: Experiment, argv: Sequence[str] | None = None) -> dict:
     Raises:
       SystemExit: with the statuses of the module docstring.
     """
-    config = exp.parse(argv)
+    config, picked = exp.parse_noting(argv)
     with persistent_compilation_cache(run_section(config).compilation_cache):
-        return _run(exp, config)
+        return _run(exp, config, picked)
 
 
-def _run(exp: Experiment, config: Any) -> dict:
-    """:func:`run` after the flags are parsed."""
+def _run(exp: Experiment, config: Any, picked: Mapping[str, float]) -> dict:
+    """:func:`run` after the flags are parsed (``picked``: the tolerances ``--dtype`` chose)."""
     mode = exp.mode(config)
-    inputs, flat = _start(exp, config)
-    ctx = _context(exp, config, flat, mode)
+    inputs, flat, parallel = _start(exp, config)
+    ctx = _context(exp, config, flat, mode, parallel)
     if ctx.is_main:
-        print("\n".join(_start_lines(exp, config, mode, ctx.resume)))
+        print("\n".join(_start_lines(exp, config, mode, ctx.resume, picked)))
     try:
         results: Mapping[str, Any] = dict(exp.run(config, inputs, ctx))
     except (RestoreError, FileExistsError, UsageError) as e:
@@ -139,14 +169,18 @@ def _run(exp: Experiment, config: Any) -> dict:
     return dict(results)
 
 
-def _start_lines(exp: Experiment, config: Any, mode: str | None, resume: bool) -> list[str]:
+def _start_lines(
+    exp: Experiment, config: Any, mode: str | None, resume: bool, picked: Mapping[str, float]
+) -> list[str]:
     """What a run prints first, each line at most :data:`LINE` characters where its names
     allow: the experiment and its folder, the settings that differ from the defaults in effect
-    (values cut at :data:`VALUE` characters), where the full configuration is."""
+    (values cut at :data:`VALUE` characters), the tolerances ``--dtype`` picked (``picked``),
+    where the full configuration is."""
     run = run_section(config)
     flags = [mode, "smoke" if run.smoke else None, "resume" if resume else None]
     labels = ", ".join(f"--{flag}" for flag in flags if flag)
-    defaults = flat_dict(exp.defaults(smoke=run.smoke, mode=mode))
+    default_config = exp.defaults(smoke=run.smoke, mode=mode)
+    defaults = flat_dict(default_config)
     given = [
         f"{name}={_short(value)}"
         for name, value in flat_dict(config).items()
@@ -154,9 +188,11 @@ def _start_lines(exp: Experiment, config: Any, mode: str | None, resume: bool) -
     ]
     changed = "settings changed from the defaults: " + (", ".join(given) or "none")
     config_name = f"{mode}_config.json" if mode else "config.json"
+    note = tolerance_note(config, picked, default_config)
     return [
         f"{exp.name}{f' ({labels})' if labels else ''}: run folder {run.out_dir}",
         *textwrap.wrap(changed, LINE, subsequent_indent="  ", break_on_hyphens=False),
+        *([note] if note else []),
         f"full configuration: {os.path.join(run.out_dir, config_name)}",
     ]
 

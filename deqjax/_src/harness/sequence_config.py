@@ -33,6 +33,9 @@ FfnInit = Literal[("paper", *INIT_FAMILIES)]
 class SequenceModelConfig:
     """Sequence model: width, heads, transformer cell, the DEQ's solve, gradient and penalty."""
 
+    # Its tolerance flags: a --dtype that cannot resolve their defaults picks ones it can.
+    TOLERANCES: ClassVar[tuple[str, ...]] = ("tol",)
+
     # Its settings under --smoke: a tiny model (the experiment's own smoke settings win).
     SMOKE: ClassVar[dict[str, Any]] = {"d_model": 16, "num_heads": 2, "max_steps": 4}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Literal
+from typing import ClassVar, Literal
 
 from deqjax._src.adjoints.base import Adjoint
 from deqjax._src.adjoints.implicit import ImplicitAdjoint
@@ -78,6 +78,9 @@ def solver_and_adjoint(
 @dataclasses.dataclass(frozen=True)
 class SolverConfig:
     """Solvers: the forward solve, the gradient through z* and its backward solve."""
+
+    # Its tolerance flags: a --dtype that cannot resolve their defaults picks ones it can.
+    TOLERANCES: ClassVar[tuple[str, ...]] = ("tol", "bwd_tol")
 
     max_steps: PositiveInt = 20  # forward steps
     tol: PositiveFloat = 1e-3  # forward tolerance

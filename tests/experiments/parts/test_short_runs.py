@@ -57,7 +57,7 @@ class Traced:
         return {"accuracy": hit, "loss": loss}
 
 
-def _short_runs(fns: Traced, **kw) -> list[dict]:
+def _short_runs(fns: Traced, parallel: str = "sharded", **kw) -> list[dict]:
     return short_runs(
         RUNS,
         init=init,
@@ -70,6 +70,7 @@ def _short_runs(fns: Traced, **kw) -> list[dict]:
         eval_batch_size=8,
         num_steps=NUM_STEPS,
         log_every=LOG_EVERY,
+        parallel=training.data_parallel(parallel),
         **kw,
     )
 
@@ -152,12 +153,17 @@ def test_stop_when_non_finite_reads_on_its_schedule(losses, every, stop):
     def step_fn(state, batch):
         return state + 1, {"loss": np.float32(losses[state])}
 
-    check = StopWhenNonFinite(every_steps=every, num_steps=len(losses))
+    check = StopWhenNonFinite(every_steps=every)
     result = training.train_loop(
         step_fn, 0, itertools.repeat(None), num_steps=len(losses), actions=[check]
     )
     assert result.step == stop
     assert check.last["loss"] == pytest.approx(losses[stop - 1], nan_ok=True)
     assert result.stopped == check.diverged == math.isnan(losses[stop - 1])
-    check.start(0, 0)  # a new run forgets the last one
+    check.start(training.LoopContext(num_steps=len(losses)))  # a new run forgets the last one
     assert (check.diverged, check.last) == (False, {})
+
+
+def test_stop_when_non_finite_refuses_a_period_below_one():
+    with pytest.raises(ValueError, match="every_steps"):
+        StopWhenNonFinite(every_steps=0)
