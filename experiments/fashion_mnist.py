@@ -13,6 +13,8 @@ metrics. Outputs in ``--out_dir`` (default ``runs/fashion_mnist``): ``config.jso
 ``results.json``, with ``--profile_steps A:B`` a profiler trace in ``profile/`` (the shared runner,
 ``dq.harness.run``: ``--resume``, ``--overwrite``, ``--force``; exit 2 on bad flags or data, 3 on a
 non-finite stop, 143 on SIGTERM). ``--input grain`` reads the same batches through grain.
+``--framework nnx`` (or ``equinox``) trains the same classifier written in Flax NNX
+(``dq.nnx.MLPClassifier``) or Equinox (``dq.equinox.MLPClassifier``) instead of Haiku.
 
 ``--sweep``: the init paper's Fig. 5 at reduced cost (test error vs init scale, Gaussian /
 orthogonal / GOE, several seeds): ``sweep.csv``, ``sweep_summary.csv``, ``sweep.png``.
@@ -24,10 +26,11 @@ not given take a tolerance the dtype resolves (bfloat16: 0.01; said at the start
 
 Usage:
   python experiments/fashion_mnist.py                       # the main job (README's first command)
-  python experiments/fashion_mnist.py --dtype bfloat16         # at --tol 1e-2 --bwd_tol 1e-2
+  python experiments/fashion_mnist.py --dtype bfloat16      # at --tol 1e-2 --bwd_tol 1e-2
   python experiments/fashion_mnist.py --epochs 1 --no_jr    # quicker, no Jacobian regularisation
   python experiments/fashion_mnist.py --resume              # continue a killed run
   python experiments/fashion_mnist.py --input grain --profile_steps 100:102
+  python experiments/fashion_mnist.py --framework nnx       # or equinox: the same model
   python experiments/fashion_mnist.py --sweep               # Fig. 5 at reduced cost
   python experiments/fashion_mnist.py --smoke --dataset digits   # 1-3 minutes; used by tests
 """
@@ -104,7 +107,8 @@ def check(c: Config) -> str | None:
         return "--data_dir is only read with --dataset fashion_mnist (digits are bundled)."
     if c.init_sweep.sweep and (c.run.resume or c.regularization.adaptive_gamma):
         return "--resume and --adaptive_gamma are not supported with --sweep."
-    return c.compute.check_tol(tol=c.solver.tol, bwd_tol=c.solver.bwd_tol)
+    refusal = c.model.dtype_refusal(c.compute)
+    return refusal or c.compute.check_tol(tol=c.solver.tol, bwd_tol=c.solver.bwd_tol)
 
 
 def setup(c: Config):

@@ -1,11 +1,13 @@
 """The model section of the fully connected DEQ classifier (init paper §4.1), and its functions.
 
 The main job's (``experiments/fashion_mnist.py``; ``benchmarks/training.py`` times it). Flags
-``--width --hidden --cell_form --init --init_scale --diag_power_steps``;
-:meth:`MLPClassifierConfig.fns` builds :func:`deqjax.models.classifier_fns` of
-:class:`deqjax.models.MLPClassifier` with the solver, gradient and Jacobian regulariser of the
-other sections; :func:`batch_fns` gives them the signatures :func:`~deqjax.training.fit` calls, on
-``{"image", "label"}`` batches.
+``--framework --width --hidden --cell_form --init --init_scale --diag_power_steps``;
+:meth:`MLPClassifierConfig.fns` builds the classifier's functions with the solver, gradient and
+Jacobian regulariser of the other sections, in the framework of ``--framework``:
+:func:`deqjax.models.classifier_fns` of :class:`deqjax.models.MLPClassifier` (Haiku),
+:func:`deqjax.nnx.classifier_fns` (Flax NNX) or :func:`deqjax.equinox.classifier_fns` (Equinox),
+the same equations, signatures and metrics; :func:`batch_fns` gives them the signatures
+:func:`~deqjax.training.fit` calls, on ``{"image", "label"}`` batches.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from deqjax.harness import NonNegativeFloat, NonNegativeInt, PositiveInt
 
 # The recurrent weights' families (dq.models.recurrent_init).
 InitFamily = Literal[tuple(sorted(dq.models.INIT_FAMILIES))]
+# The modules' framework: dq.models (Haiku), dq.nnx (Flax NNX) or dq.equinox (each loaded on use).
+Framework = Literal["haiku", "nnx", "equinox"]
 FLOAT32 = harness.DtypeConfig()  # the default compute dtype: no mixed-precision policy
 
 
 @dataclasses.dataclass(frozen=True)
 class MLPClassifierConfig:
-    """Model: flatten -> DEQ(MLPCell) -> dense logits (dq.models.MLPClassifier)."""
+    """Model: flatten -> DEQ(MLPCell) -> dense logits (the MLPClassifier of --framework)."""
 
     # Settings a resumed run may change (with --force): the diagnostics' iterations.
     SAFE_ON_RESUME: ClassVar[tuple[str, ...]] = ("diag_power_steps",)
@@ -47,6 +51,8 @@ class MLPClassifierConfig:
         "skipped_updates",
     )
 
+    framework: Framework = "haiku"
+    """the modules' framework: dq.models (Haiku), dq.nnx (Flax NNX) or dq.equinox (float32)"""
     width: PositiveInt = 128  # DEQ state size D
     hidden: NonNegativeInt = 0  # cell hidden size (0: D)
     cell_form: Literal["resnet", "single"] = "resnet"  # resnet: init paper 4.1; single: phi(Wz+Ux)
@@ -64,7 +70,8 @@ class MLPClassifierConfig:
         compute: harness.DtypeConfig = FLOAT32,
         **model_kwargs: Any,
     ) -> dq.models.ClassifierFns:
-        """The classifier's pure functions (:func:`deqjax.models.classifier_fns`).
+        """The classifier's pure functions in ``--framework`` (:func:`deqjax.models.classifier_fns`
+        or its NNX or Equinox counterpart: the same signatures and metrics).
 
         Args:
           solver: the forward solver, the gradient and the backward-diagnostic solver.
@@ -72,30 +79,41 @@ class MLPClassifierConfig:
           family, scale: the recurrent weights' initialisation (default ``--init``,
             ``--init_scale``); only ``init`` depends on them.
           compute: the compute dtype (``--dtype``): every function runs the classifier under
-            its mixed-precision policy.
-          **model_kwargs: further :class:`deqjax.models.MLPClassifier` arguments.
+            its mixed-precision policy (Haiku's; the NNX and Equinox classifiers: float32 only).
+          **model_kwargs: further ``MLPClassifier`` arguments (the same in each framework).
+
+        Raises:
+          ValueError: a compute dtype other than float32 outside Haiku.
         """
         forward, adjoint = solver.solver_and_adjoint()
         family = self.init if family is None else family
         w_init = dq.models.recurrent_init(family, self.init_scale if scale is None else scale)
-        model = functools.partial(
-            dq.models.MLPClassifier,
-            self.width,
-            hidden=self.hidden or None,
-            cell_form=self.cell_form,
-            w_init=w_init,
-            solver=forward,
-            adjoint=adjoint,
-            **model_kwargs,
-        )
+        kwargs = {"hidden": self.hidden or None, "cell_form": self.cell_form, "w_init": w_init}
+        kwargs |= {"solver": forward, "adjoint": adjoint, **model_kwargs}
         regularizer, _ = jr.build(solver.tol)
-        fns = dq.models.classifier_fns(
-            model,
-            regularizer=regularizer,
-            backward_solver=solver.backward(),
-            diag_power_steps=self.diag_power_steps,
+        options = {"regularizer": regularizer, "backward_solver": solver.backward()}
+        options["diag_power_steps"] = self.diag_power_steps
+        if self.framework == "haiku":
+            model = functools.partial(dq.models.MLPClassifier, self.width, **kwargs)
+            fns = dq.models.classifier_fns(model, **options)
+            return compute.apply_each(dq.models.MLPClassifier, fns)
+        if compute.dtype != "float32":
+            raise ValueError(self.dtype_refusal(compute))
+        if self.framework == "nnx":
+            make = lambda p, rngs: dq.nnx.MLPClassifier(p, self.width, rngs=rngs, **kwargs)  # noqa: E731
+            return dq.nnx.classifier_fns(make, **options)
+        make = lambda p, key: dq.equinox.MLPClassifier(p, self.width, key=key, **kwargs)  # noqa: E731
+        return dq.equinox.classifier_fns(make, **options)
+
+    def dtype_refusal(self, compute: harness.DtypeConfig) -> str | None:
+        """Why ``--framework`` cannot compute in ``--dtype`` (a Haiku mixed-precision policy),
+        or ``None``."""
+        if self.framework == "haiku" or compute.dtype == "float32":
+            return None
+        return (
+            f"--dtype {compute.dtype} is a Haiku mixed-precision policy; --framework "
+            f"{self.framework} trains in float32: pass --framework haiku or --dtype float32."
         )
-        return compute.apply_each(dq.models.MLPClassifier, fns)
 
 
 class BatchFns(NamedTuple):

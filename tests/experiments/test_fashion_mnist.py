@@ -114,6 +114,39 @@ def test_a_finished_run_relaunched_with_resume_exits_0_having_done_nothing(main_
     assert _snapshot(os.path.join(out, "ckpt")) == before
 
 
+@pytest.mark.parametrize("framework", ["nnx", "equinox"])
+def test_the_main_job_trains_in_each_framework(main_run, framework, tmp_path):
+    """``--framework nnx`` / ``equinox``: the same classifier in Flax NNX or Equinox, trained by
+    the same loop, logging the same records as Haiku's run, checkpointed and resumed."""
+    out = tmp_path / framework
+    summary = _run([*SMOKE, "--framework", framework, "--out_dir", str(out)])
+    config = json.load(open(out / "config.json"))
+    assert config["framework"] == framework
+    split = lambda path, name: [r for r in training.read_jsonl(path) if r["split"] == name]  # noqa: E731
+    haiku = os.path.join(main_run[0], "metrics.jsonl")
+    for name in ("train", "diagnostics", "eval"):
+        got, want = split(out / "metrics.jsonl", name), split(haiku, name)
+        assert [r["step"] for r in got] == [r["step"] for r in want], name
+        assert all(set(r) == set(want[0]) for r in got), name  # the same metrics
+        assert all(np.isfinite(v) for r in got for v in r.values() if isinstance(v, float)), name
+    train = split(out / "metrics.jsonl", "train")
+    assert train[-1]["loss"] < 0.8 * train[0]["loss"]  # it learns
+    assert summary["test"]["accuracy"] > 0.3, summary["test"]  # chance: 0.1 (other draws)
+    # its checkpoint restores: resumed when finished, it does nothing more and reports the same
+    again = _run([*SMOKE, "--framework", framework, "--out_dir", str(out), "--resume"])
+    assert again["restored_step"] == config["steps"] and again["test"] == summary["test"]
+
+
+def test_a_dtype_policy_outside_haiku_is_refused(tmp_path, capsys):
+    argv = [*SMOKE, "--framework", "nnx", "--dtype", "bfloat16", "--out_dir", str(tmp_path / "o")]
+    assert _exit_code(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --dtype bfloat16 is a Haiku mixed-precision policy; --framework nnx trains in "
+        "float32: pass --framework haiku or --dtype float32."
+    ]
+    assert not os.path.exists(tmp_path / "o")
+
+
 def test_a_batch_the_devices_cannot_share_is_refused_before_the_folder_is_claimed(tmp_path):
     env = worker_env(2) | {"PYTHONPATH": str(ROOT)}
     out = tmp_path / "run"
