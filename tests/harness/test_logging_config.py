@@ -33,8 +33,11 @@ def test_it_builds_the_evaluation_diagnostics_and_checkpoints(tmp_path, monkeypa
     monkeypatch.setattr(logging_config, "Checkpoints", lambda *a, **kw: made.append((a, kw)))
     harness.LoggingConfig(keep_checkpoints=5).checkpoints("d", config={"seed": 1})
     c.checkpoints("e")
+    harness.LoggingConfig(checkpoint_minutes=30.0).checkpoints("f")
+    none = {"every_minutes": None}
     assert made == [
-        (("d",), {"every_steps": 500, "keep": 5, "config": {"seed": 1}}),
-        (("e",), {"every_steps": None, "keep": 3, "config": None}),
+        (("d",), {"every_steps": 500, **none, "keep": 5, "config": {"seed": 1}}),
+        (("e",), {"every_steps": None, **none, "keep": 3, "config": None}),
+        (("f",), {"every_steps": 500, "every_minutes": 30.0, "keep": 3, "config": None}),
     ]
     assert set(harness.LoggingConfig.SAFE_ON_RESUME) == set(harness.flat_dict(c))

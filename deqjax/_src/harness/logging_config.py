@@ -1,9 +1,9 @@
 """The logging section: how often a run records metrics, evaluates, diagnoses and checkpoints.
 
-Flags ``--log_every --eval_every --diagnostics_every --checkpoint_every --keep_checkpoints``. The
-section builds what they describe for :func:`~deqjax.training.fit`, as Flax's ``train.py`` builds
-its hooks: the evaluation (:meth:`LoggingConfig.evaluate`) and the diagnostics
-(:meth:`~LoggingConfig.diagnostics`) among the run's actions
+Flags ``--log_every --eval_every --diagnostics_every --checkpoint_every --checkpoint_minutes
+--keep_checkpoints``. The section builds what they describe for :func:`~deqjax.training.fit`, as
+Flax's ``train.py`` builds its hooks: the evaluation (:meth:`LoggingConfig.evaluate`) and the
+diagnostics (:meth:`~LoggingConfig.diagnostics`) among the run's actions
 (:meth:`~deqjax.harness.ResumableRunConfig.actions`, every ``--log_every`` steps), and the
 checkpoints (:meth:`LoggingConfig.checkpoints`). None of them changes what a run computes, so a
 resumed run may change them all (with ``--force``).
@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from deqjax._src.harness.flag_types import NonNegativeInt, PositiveInt
+from deqjax._src.harness.flag_types import NonNegativeFloat, NonNegativeInt, PositiveInt
 from deqjax._src.training.actions.action import Action
 from deqjax._src.training.actions.evaluate import Evaluate
 from deqjax._src.training.actions.run_diagnostics import RunDiagnostics
@@ -36,6 +36,7 @@ class LoggingConfig:
         "eval_every",
         "diagnostics_every",
         "checkpoint_every",
+        "checkpoint_minutes",
         "keep_checkpoints",
     )
 
@@ -44,6 +45,7 @@ class LoggingConfig:
     diagnostics_every: NonNegativeInt = 200
     """steps between backward/Jacobian diagnostics (0 disables)"""
     checkpoint_every: NonNegativeInt = 500  # steps between checkpoints (0: only at the end)
+    checkpoint_minutes: NonNegativeFloat = 0.0  # minutes between checkpoints (0: by steps only)
     keep_checkpoints: PositiveInt = 3  # newest checkpoints kept on disk
 
     def evaluate(
@@ -74,11 +76,13 @@ class LoggingConfig:
         self, directory: str | os.PathLike, config: Mapping[str, Any] | None = None
     ) -> Checkpoints:
         """The run's asynchronous checkpoints in ``directory``
-        (:class:`~deqjax.training.Checkpoints`): every ``--checkpoint_every`` steps (0: only at
-        the end), on a SIGTERM, the newest ``--keep_checkpoints`` kept, ``config`` in each."""
+        (:class:`~deqjax.training.Checkpoints`): every ``--checkpoint_every`` steps and every
+        ``--checkpoint_minutes`` minutes (0: not by that rule; neither: only at the end), on a
+        SIGTERM, the newest ``--keep_checkpoints`` kept, ``config`` in each."""
         return Checkpoints(
             directory,
             every_steps=self.checkpoint_every or None,
+            every_minutes=self.checkpoint_minutes or None,
             keep=self.keep_checkpoints,
             config=config,
         )
