@@ -30,10 +30,8 @@ import optax
 import deqjax as dq
 from benchmarks.collectives import count_collectives
 from deqjax._src.training.data_parallel import REPLICATED, SHARDED, STATE_KINDS, data_parallel
-from tests.helpers import parallel_worker
 
-BATCH = 16
-D, D_IN, CLASSES = parallel_worker.D, parallel_worker.D_IN, parallel_worker.CLASSES
+D_IN, D, CLASSES, BATCH = 5, 8, 3, 16
 TOL = 1e-5
 FPI = dq.solvers.FixedPointIteration
 CASES = {
@@ -75,11 +73,15 @@ CASES = {
 }
 
 
+def cell(params, x, z):
+    return jnp.tanh(z @ params["w"].T + x @ params["u"])
+
+
 def make_update(solver, adjoint):
     def loss_fn(params, batch, key, reg_state, step, probe):
         x = batch["x"]
         z, sol = dq.fixed_point(
-            parallel_worker.cell,
+            cell,
             params,
             x,
             jnp.zeros((x.shape[0], D)),
@@ -89,19 +91,22 @@ def make_update(solver, adjoint):
         )
         logits = z @ params["head"]
         loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]))
-        rho = dq.jacobian.spectral_radius(
-            lambda v: parallel_worker.cell(params, x, v), z, key, num_steps=4
-        )
+        rho = dq.jacobian.spectral_radius(lambda v: cell(params, x, v), z, key, num_steps=4)
         return loss, {"nfe_max": jnp.max(sol.num_steps), "rho_max": rho}
 
     return dq.training.train_step(loss_fn, optax.sgd(0.05), backward_stats=True)
 
 
 def problem(n_devices: int):
-    """:mod:`parallel_worker`'s parameters (a contraction) and a batch whose shards grow in
-    difficulty: each device's loops run for as long as its own shard needs."""
-    params, _ = parallel_worker.problem()
     rng = np.random.default_rng(0)
+    w = rng.normal(size=(D, D))
+    w *= 0.8 / np.max(np.abs(np.linalg.eigvals(w)))
+    params = {
+        "w": w.astype(np.float32),
+        "u": rng.normal(size=(D_IN, D)).astype(np.float32),
+        "head": rng.normal(size=(D, CLASSES)).astype(np.float32),
+    }
+    # Shards of growing difficulty: each device's loops run for as long as its own shard needs.
     scale = np.repeat(np.logspace(-2, 0.3, n_devices), BATCH // n_devices)[:, None]
     batch = {
         "x": (rng.normal(size=(BATCH, D_IN)) * scale).astype(np.float32),

@@ -132,10 +132,18 @@ CHECKED_WORKER = ["-m", "tests.helpers.checked_shard_map_worker"]
 
 def _checked_cases(tmp_path, devices, cases=None):
     """The checked worker's output on ``devices`` fake devices (all its cases by default)."""
-    args = [tmp_path / f"checked{devices}.json"] + (
-        [] if cases is None else ["--cases", ",".join(cases)]
+    out = tmp_path / f"checked{devices}.json"
+    args = [*CHECKED_WORKER, str(out)] + ([] if cases is None else ["--cases", ",".join(cases)])
+    proc = subprocess.run(
+        [sys.executable, *args],
+        env=worker_env(devices),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
-    result = _run(args, devices, worker=CHECKED_WORKER, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
     assert result["num_devices"] == devices
     return result["cases"]
 
@@ -176,15 +184,14 @@ def test_every_solver_and_adjoint_steps_checked_as_unchecked_and_pmapped(tmp_pat
     _assert_checked_gives_todays_numbers(cases)
 
 
-def _run(args, devices, *, worker=WORKER, timeout=300):
-    """The JSON written to ``args[0]`` by ``worker`` run with ``args`` on ``devices`` devices."""
+def _run(args, devices):
     proc = subprocess.run(
-        [sys.executable, *worker, *map(str, args)],
+        [sys.executable, *WORKER, *map(str, args)],
         env=worker_env(devices),
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(pathlib.Path(args[0]).read_text())
