@@ -27,7 +27,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import checks, tree, vma
+from deqjax._src import checks, tree
 from deqjax._src.adjoints import backward_solve
 from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import anderson as anderson_lib
@@ -208,7 +208,7 @@ def spectral_radius(f: MapFn, z: PyTree, key: jax.Array, *, num_steps: int = 100
     def power_step(_, v):
         return normalise(jvp(v))[0]
 
-    v = vma.fori_loop(0, num_steps, power_step, v0)
+    v = jax.lax.fori_loop(0, num_steps, power_step, v0)
     jv = jvp(v)
     jv_norm = tree.tree_norm(jv)
     # Rayleigh–Ritz on span{v, Jv} with the orthonormal basis q1 = v, q2 ∝ Jv − (vᵀJv) v.
