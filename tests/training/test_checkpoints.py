@@ -330,6 +330,15 @@ def _worker_state(seed):
     return host_state(seed)
 
 
+# Known defect on Python >= 3.12 (no thread may start at interpreter shutdown, and orbax's commit
+# starts one): a save left in flight by a process that exits without close() is lost there. fit
+# always closes its checkpoints; a loop of one's own must call close(). strict: passes again ->
+# this mark must go.
+@pytest.mark.xfail(
+    sys.version_info >= (3, 12),
+    reason="Python >= 3.12 starts no thread at shutdown; orbax's commit needs one",
+    strict=True,
+)
 def test_exit_without_close_finishes_the_save(tmp_path):
     proc = _worker("exit", tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
