@@ -20,7 +20,7 @@ def test_cells_by_name_and_their_inputs():
         return transformer, trellis
 
     transformer, trellis = hk.transform(build).apply({}, None)
-    assert isinstance(transformer, nn.TransformerCell) and transformer.d_ff == 16
+    assert isinstance(transformer, nn.TransformerCell) and transformer.settings.d_ff == 16
     assert isinstance(trellis, nn.TrellisCell) and trellis.hidden_size == 4
     assert trellis.kernel_size == 3
     x, mems = jnp.zeros((2, 5, 8)), jnp.ones((2, 3, 8))
