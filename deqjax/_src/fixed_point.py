@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import jax
 
-from deqjax._src import compiled, tree
+from deqjax._src import compiled, tree, vma
 from deqjax._src import precision as precision_lib
 from deqjax._src.adjoints.backward_stats import BackwardStats
 from deqjax._src.adjoints.base import Adjoint, strategies
@@ -186,6 +186,9 @@ def _run(
 ) -> tuple[PyTree, Solution]:
     """The solve of :func:`fixed_point` once its arguments are checked (un-jitted)."""
     solver, adjoint, has_aux, precision = static
+    # Inside a checked shard_map: the solve's inputs typed alike (z0 = zeros, say, varying like x),
+    # so that its custom VJPs see one type and no collective lands in a loop (vma.vary_alike).
+    params, x, z0, backward_stats = vma.vary_alike((params, x, z0, backward_stats))
     if precision is not None:
         f = precision_lib.at_precision(f, precision)
     cell = (lambda p, xx, z: f(p, xx, z)[0]) if has_aux else f

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import checks, tree
+from deqjax._src import checks, tree, vma
 from deqjax._src.adjoints import backward_solve
 from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import anderson as anderson_lib
@@ -101,8 +101,9 @@ def frobenius_sq(f: MapFn, z: PyTree, key: jax.Array, *, num_samples: int = 1) -
     """
     dtype = _check_map(f, z, key, num_samples, "num_samples")
     d = tree.tree_size(z)
-    _, vjp = jax.vjp(f, z)
+    f_z, vjp = jax.vjp(f, z)
     probes = jax.vmap(lambda k: _normal_like(k, z))(jax.random.split(key, num_samples))
+    probes = vma.like(probes, f_z)  # this device's own cotangents where f(z) varies over devices
     (eps_j,) = jax.vmap(vjp)(probes)  # [M, ...] per leaf
     return tree.tree_sq_norm(eps_j).astype(dtype) / jnp.asarray(num_samples * d, dtype)
 
@@ -203,12 +204,12 @@ def spectral_radius(f: MapFn, z: PyTree, key: jax.Array, *, num_steps: int = 100
         norm = tree.tree_norm(v)
         return tree.tree_scale(1.0 / jnp.maximum(norm, tiny), v), norm
 
-    v0, _ = normalise(_normal_like(key, z))
+    v0, _ = normalise(vma.like(_normal_like(key, z), z))
 
     def power_step(_, v):
         return normalise(jvp(v))[0]
 
-    v = jax.lax.fori_loop(0, num_steps, power_step, v0)
+    v = vma.fori_loop(0, num_steps, power_step, v0)
     jv = jvp(v)
     jv_norm = tree.tree_norm(jv)
     # Rayleigh–Ritz on span{v, Jv} with the orthonormal basis q1 = v, q2 ∝ Jv − (vᵀJv) v.

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax._src import checks, jacobian, tree
+from deqjax._src import checks, jacobian, tree, vma
 
 PyTree = Any
 Schedule = Callable[[jax.typing.ArrayLike], jax.typing.ArrayLike]
@@ -138,7 +138,7 @@ class JacobianRegularizer:
             frob = jnp.zeros((), dtype)
         else:
             applied = jax.random.bernoulli(gate_key, self.p)
-            frob = jax.lax.cond(applied, estimate, lambda: jnp.zeros((), dtype))
+            frob = vma.cond(applied, estimate, lambda: jnp.zeros((), dtype))
         term = g * frob
         stop = jax.lax.stop_gradient
         metrics = {

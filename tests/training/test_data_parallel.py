@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -19,6 +20,7 @@ from deqjax._src.training.data_parallel import (
     Sharded,
     data_parallel,
 )
+from tests.helpers.checked_shard_map_worker import CASES
 from tests.helpers.train_worker import REPO_ROOT, worker_env
 
 WORKER = ["-m", "tests.helpers.parallel_worker"]  # run from the repository root
@@ -114,14 +116,75 @@ def test_placed_values_come_back_as_they_went(mode):
         parallel.put(np.float32(1.0), SHARDED)
 
 
-def _run(args, devices):
+def test_a_per_device_value_mapped_as_replicated_is_refused():
+    """The sharded path's shard_map is checked (check_vma=True): a result that differs by device
+    cannot be declared REPLICATED (unchecked, each device's own value came back as "the" value)."""
+    parallel = data_parallel("sharded", jax.devices()[:1])
+    rows = parallel.put(np.arange(4.0), SHARDED)
+    with pytest.raises(ValueError, match="out_specs"):
+        parallel.map(jnp.sum, (SHARDED,), REPLICATED)(rows)
+    total = parallel.map(lambda x: jax.lax.psum(jnp.sum(x), "batch"), (SHARDED,), REPLICATED)
+    assert parallel.get(total(rows), REPLICATED) == 6.0
+
+
+CHECKED_WORKER = ["-m", "tests.helpers.checked_shard_map_worker"]
+
+
+def _checked_cases(tmp_path, devices, cases=None):
+    """The checked worker's output on ``devices`` fake devices (all its cases by default)."""
+    args = [tmp_path / f"checked{devices}.json"] + (
+        [] if cases is None else ["--cases", ",".join(cases)]
+    )
+    result = _run(args, devices, worker=CHECKED_WORKER, timeout=1200)
+    assert result["num_devices"] == devices
+    return result["cases"]
+
+
+def _assert_checked_gives_todays_numbers(cases):
+    """Checked == unchecked bit for bit (pcast moves no data), == pmap within rounding, and no
+    collective inside a solver loop."""
+    for name, case in cases.items():
+        checked, unchecked, pmapped = case["checked"], case["unchecked"], case["pmap"]
+        assert checked["metrics"] == unchecked["metrics"], name
+        assert checked["params"] == unchecked["params"], name
+        for key, value in pmapped["metrics"].items():
+            np.testing.assert_allclose(checked["metrics"][key], value, rtol=1e-6, err_msg=name)
+        for key, value in pmapped["params"].items():
+            np.testing.assert_allclose(checked["params"][key], value, rtol=1e-6, atol=1e-7)
+        counts = checked["collectives"]
+        assert counts["loops"] >= 2 and counts["in_loops"] == 0, (name, counts)
+        assert checked["metrics"]["bwd_steps"] >= 0.0 and np.isfinite(checked["metrics"]["loss"])
+
+
+def test_two_devices_checked_step_as_unchecked_through_chunks_and_reversal(tmp_path):
+    """A checked solve from zeros: Anderson read every 3 steps (chunks with optimization
+    barriers), and the reversible solver, whose backward returns a cotangent for z0."""
+    cases = _checked_cases(tmp_path, 2, ["anderson_every3/implicit", "reversible/reversible"])
+    _assert_checked_gives_todays_numbers(cases)
+
+
+# Broyden + SHINE hangs on several fake CPU devices whether sharded or pmapped, checked or not (and
+# before check_vma): one device only.
+MANY_DEVICE_CASES = [name for name in CASES if "shine" not in name]
+
+
+@pytest.mark.slow  # every solver and gradient, three ways: minutes per device count
+@pytest.mark.parametrize("devices", [1, 2, 4])
+def test_every_solver_and_adjoint_steps_checked_as_unchecked_and_pmapped(tmp_path, devices):
+    cases = _checked_cases(tmp_path, devices, None if devices == 1 else MANY_DEVICE_CASES)
+    assert set(cases) == set(CASES if devices == 1 else MANY_DEVICE_CASES)
+    _assert_checked_gives_todays_numbers(cases)
+
+
+def _run(args, devices, *, worker=WORKER, timeout=300):
+    """The JSON written to ``args[0]`` by ``worker`` run with ``args`` on ``devices`` devices."""
     proc = subprocess.run(
-        [sys.executable, *WORKER, *map(str, args)],
+        [sys.executable, *worker, *map(str, args)],
         env=worker_env(devices),
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(pathlib.Path(args[0]).read_text())

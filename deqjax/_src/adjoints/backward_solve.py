@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from deqjax._src import precision as precision_lib
-from deqjax._src import tree
+from deqjax._src import tree, vma
 from deqjax._src.adjoints import backward_stats as stats_lib
 from deqjax._src.normalise import as_solver
 from deqjax._src.solvers import solution
@@ -312,8 +312,8 @@ def _run_fallback(
         )
 
     if batch_ndim == 0:
-        return jax.lax.cond(need, run, lambda _: kept, first.value)
-    fb = jax.lax.cond(jnp.any(need), run, lambda _: kept, first.value)
+        return vma.cond(need, run, lambda _: kept, first.value)
+    fb = vma.cond(jnp.any(need), run, lambda _: kept, first.value)
     return _Outcome(
         tree.tree_where(need, fb.value, kept.value, batch_ndim),
         *(jnp.where(need, a, b) for a, b in zip(fb[1:], kept[1:])),

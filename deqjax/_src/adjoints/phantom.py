@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-
-from deqjax._src import checks, tree
+from deqjax._src import checks, tree, vma
 from deqjax._src.adjoints import base
 
 
@@ -39,6 +37,6 @@ class PhantomAdjoint(base.Adjoint):
         def damped_step(z, _):
             return tree.tree_axpy(self.tau, tree.tree_sub(f(params, x, z), z), z), None
 
-        z_phantom, _ = jax.lax.scan(damped_step, z_star, None, length=self.steps)
+        z_phantom, _ = vma.scan(damped_step, z_star, None, length=self.steps)
         z_out = base.straight_through(z_star, z_phantom)
         return z_out, base.stop_statistics(sol, z_out)

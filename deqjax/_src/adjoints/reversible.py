@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax._src import tree
+from deqjax._src import tree, vma
 from deqjax._src.adjoints import backward_stats as stats_lib
 from deqjax._src.adjoints import base as adjoint_base
 from deqjax._src.solvers import reversible as reversible_lib
@@ -142,7 +142,7 @@ def _reverse_pass(cell, p_leaves, x_leaves, state, g_value, batch_ndim):
         tree.tree_zeros_like(p_leaves),
         tree.tree_zeros_like(x_leaves),
     )
-    _, y0_hat, z0_hat, g_a, g_b, gp, gx = jax.lax.while_loop(
+    _, y0_hat, z0_hat, g_a, g_b, gp, gx = vma.while_loop(
         lambda c: jnp.any(c[0] < steps), body_fun, init
     )
     return y0_hat, z0_hat, g_a, g_b, gp, gx

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import checks, tree
+from deqjax._src import checks, tree, vma
 from deqjax._src.adjoints import backward_solve as backward_lib
 from deqjax._src.adjoints import backward_stats as stats_lib
 from deqjax._src.adjoints import base as adjoint_base
@@ -63,7 +63,7 @@ def _estimate(
     u = tree.tree_scale(-1.0, broyden_inverse.inverse_rmatvec(inverse, g))
     if refine_steps:
         h = backward_lib.adjoint_map(vjp, g)
-        u = jax.lax.fori_loop(0, refine_steps, lambda _, u: h(u), u)
+        u = vma.fori_loop(0, refine_steps, lambda _, u: h(u), u)
     return u
 
 
@@ -120,7 +120,7 @@ def _backward(
     if config.fallback is not None:
         checked = (rel_res, poor, ones)
         run = functools.partial(_fallback, g, u, vjp_all, residuals.rel_residual, checked, config)
-        g_params, g_x, stats = jax.lax.cond(
+        g_params, g_x, stats = vma.cond(
             jnp.any(poor), lambda _: run(), lambda _: (g_params, g_x, stats), None
         )
     return g_params, g_x, stats_lib.probe_cotangent(stats, residuals.probe)

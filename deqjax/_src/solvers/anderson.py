@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg
 
-from deqjax._src import checks, tree
+from deqjax._src import checks, tree, vma
 from deqjax._src.solvers import driver, registry
 from deqjax._src.solvers.problem import Problem
 from deqjax._src.solvers.solution import Solution
@@ -69,7 +69,7 @@ def _spd_solve(h: jax.Array, rhs: jax.Array) -> jax.Array:
         column = jax.lax.dynamic_slice_in_dim(a, j, 1, a.ndim - 1)  # [*batch, m, 1]
         return jnp.where(rows == j, pivot_row, a - column * pivot_row)
 
-    a = jax.lax.fori_loop(0, m, eliminate, jnp.concatenate([h, rhs[..., None]], axis=-1))
+    a = vma.fori_loop(0, m, eliminate, jnp.concatenate([h, rhs[..., None]], axis=-1))
     return a[..., m]
 
 

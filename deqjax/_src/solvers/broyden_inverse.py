@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import tree
+from deqjax._src import tree, vma
 
 PyTree = Any
 
@@ -89,7 +89,7 @@ def lowrank(
         return tree.tree_add(acc, tree.tree_combine_rows(coeffs, b_blk, bn))
 
     n_blocks = (n_rows + _BLOCK - 1) // _BLOCK
-    return jax.lax.fori_loop(0, n_blocks, block, tree.tree_zeros_like(x))
+    return vma.fori_loop(0, n_blocks, block, tree.tree_zeros_like(x))
 
 
 def matvec(us: PyTree, vs: PyTree, x: PyTree, bn: int, valid: jax.Array, n_rows: Any) -> PyTree:

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg
 import numpy as np
 
-from deqjax._src import tree
+from deqjax._src import tree, vma
 from deqjax._src.solvers import broyden_inverse, driver
 from deqjax._src.solvers.broyden_inverse import BroydenInverse
 from deqjax._src.solvers.problem import Problem
@@ -88,7 +88,7 @@ def _apply_factors(s: _Steps, z: PyTree, start: jax.Array, n: jax.Array, r: _Rin
         coeff = gamma.astype(dz.dtype) * dz
         return tree.tree_axpy(coeff, _row(s.steps, c_slot), z, bn)
 
-    return jax.lax.fori_loop(0, r.mem - 1 if r.scan else n, factor, z)
+    return vma.fori_loop(0, r.mem - 1 if r.scan else n, factor, z)
 
 
 def _propose(r: _Ring, s: _Steps, k: jax.Array, x: PyTree, gx: PyTree, running: jax.Array):

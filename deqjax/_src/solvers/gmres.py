@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deqjax._src import tree
+from deqjax._src import tree, vma
 from deqjax._src.solvers import stopping, verify
 from deqjax._src.solvers.problem import Problem
 from deqjax._src.solvers.solution import Solution
@@ -170,7 +170,7 @@ def _hessenberg_lstsq(hess: jax.Array, beta: jax.Array) -> jax.Array:
         g = jnp.where(ids == j, cc2 * gj + cs2 * gk, jnp.where(ids == j + 1, c2 * gk - s2 * gj, g))
         return h, g
 
-    h, g = jax.lax.fori_loop(0, n, rotate, (h, g))
+    h, g = vma.fori_loop(0, n, rotate, (h, g))
     tiny = jnp.finfo(h.dtype).tiny
 
     def substitute(i, y):
@@ -183,7 +183,7 @@ def _hessenberg_lstsq(hess: jax.Array, beta: jax.Array) -> jax.Array:
         y_j = jnp.where(ok, (g_j - rest) / jnp.where(ok, pivot, 1.0), 0.0)
         return jnp.where(jnp.arange(n) == j, y_j[..., None], y)
 
-    return jax.lax.fori_loop(0, n, substitute, jnp.zeros(h.shape[:-2] + (n,), h.dtype))
+    return vma.fori_loop(0, n, substitute, jnp.zeros(h.shape[:-2] + (n,), h.dtype))
 
 
 def _cycle_update(basis: PyTree, hess: jax.Array, beta: jax.Array, bn: int) -> PyTree:
@@ -322,7 +322,7 @@ def _body(s: _Setup):
             step = _cycle_update(basis, hess, beta, bn)
             return _like(tree.tree_add(_up(c.u, wdtype), step), c.u)
 
-        u = tree.tree_where(at_u, u, jax.lax.cond(done, update, lambda: c.u))
+        u = tree.tree_where(at_u, u, vma.cond(done, update, lambda: c.u))
         step = jnp.where(at_u, jnp.where(jnp.any(need), 1, 0), jnp.where(done, 0, j + 2))
         scalars = jnp.stack([k + jnp.where(at_u, charge, 0).astype(rdtype), step.astype(rdtype)])
         per_problem = jnp.stack(
@@ -376,7 +376,7 @@ def solve(problem: Problem, rule: stopping.StoppingRule, n: int) -> Solution:
         hess=jnp.broadcast_to(jnp.eye(n, n + 1, dtype=wdtype), problem.batch_shape + (n, n + 1)),
         f_base=_up(z0, wdtype),
     )
-    c = jax.lax.while_loop(lambda c: jnp.any(c.book.running), _body(s), init)
+    c = vma.while_loop(lambda c: jnp.any(c.book.running), _body(s), init)
     return solution_of(c, problem, rule)
 
 

@@ -63,7 +63,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import checks, tree
+from deqjax._src import checks, tree, vma
 from deqjax._src.solvers import gmres as gmres_lib
 from deqjax._src.solvers import krylov_chunks, registry, stopping
 from deqjax._src.solvers.options import Options
@@ -180,7 +180,7 @@ def _run_chunks(problem: Problem, rule: stopping.StoppingRule, method: _Chunks) 
         best_aux=aux0,
         book=first.book,
     )
-    c = jax.lax.while_loop(
+    c = vma.while_loop(
         lambda c: jnp.any(c.book.running),
         _chunk_step(problem, rule, method, operators, b),
         init,

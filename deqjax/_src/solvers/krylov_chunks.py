@@ -28,7 +28,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import tree
+from deqjax._src import tree, vma
 
 PyTree = Any
 MapFn = Callable[[PyTree], PyTree]
@@ -90,7 +90,7 @@ def bicgstab(
         )
 
     init = (0, x0, r0, zeros, zeros, ones, ones, ones, active0)
-    return jax.lax.while_loop(cond, body, init)[1]
+    return vma.while_loop(cond, body, init)[1]
 
 
 def normal_cg(
@@ -134,4 +134,4 @@ def normal_cg(
         )
 
     init = (0, x0, r0, r0, rs0, rs0 > target * target)
-    return jax.lax.while_loop(cond, body, init)[1]
+    return vma.while_loop(cond, body, init)[1]

@@ -41,6 +41,8 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 
+from deqjax._src import vma
+
 LOOP_KINDS = ("while", "scan", "python")
 
 # check_every="auto": the steps between two reads of the stopping rule on the platform the solve is
@@ -109,7 +111,7 @@ def _loop_of(body: Callable[[Carry], Carry], k: int, val: Carry) -> tuple[Carry,
 def _unrolled(body: Callable[[Carry], Carry], k: int, val: Carry) -> tuple[Carry, jax.Array]:
     """``k`` bodies unrolled, with an optimization barrier between two (an accelerator's chunk)."""
     for i in range(k):
-        val = body(jax.lax.optimization_barrier(val) if i else val)
+        val = body(vma.optimization_barrier(val) if i else val)
     return val, jnp.asarray(k, jnp.int32)
 
 
@@ -158,12 +160,14 @@ def bounded_while_loop(
             val, steps = body_fun(val), steps + 1
         return val
 
+    # Inside a checked shard_map a carry started from constants varies once the body reads this
+    # device's shard: vma matches the initial carry to the loop's body (a no-op elsewhere).
     if loop == "scan":
 
         def scan_body(val, _):
-            return jax.lax.cond(cond_fun(val), body_fun, lambda v: v, val), None
+            return vma.cond(cond_fun(val), body_fun, lambda v: v, val), None
 
-        val, _ = jax.lax.scan(scan_body, init_val, None, length=max_steps)
+        val, _ = vma.scan(scan_body, init_val, None, length=max_steps)
         return val
 
     def while_cond(carry):
@@ -175,5 +179,6 @@ def bounded_while_loop(
         val, ran = _chunk(body_fun, check_every, val)
         return val, steps + ran
 
+    init_val = vma.match_carry(body_fun, init_val)
     val, _ = jax.lax.while_loop(while_cond, while_body, (init_val, jnp.zeros((), jnp.int32)))
     return val

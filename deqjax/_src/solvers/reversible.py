@@ -38,7 +38,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from deqjax._src import checks, tree
+from deqjax._src import checks, tree, vma
 from deqjax._src.solvers import driver, registry, stopping
 from deqjax._src.solvers.problem import Problem
 from deqjax._src.solvers.solution import Solution
@@ -327,7 +327,7 @@ def reconstruct(
         return (i + 1, *reverse_step(f(prev), state, i, prev, cur, batch_ndim))
 
     init = (jnp.zeros((), jnp.int32), state.prev, state.value)
-    _, prev, cur = jax.lax.while_loop(cond_fun, body_fun, init)
+    _, prev, cur = vma.while_loop(cond_fun, body_fun, init)
     return prev, cur
 
 

@@ -10,7 +10,14 @@ with its collectives (``pmean``, ``psum``, ``axis_index``) over the axis ``"batc
   replicated array. Inside ``shard_map`` each device runs its own solver loops: a DEQ's stopping
   rule reads only its own examples, so no collective runs inside a solver loop and each device
   stops when its own examples are done (under a sharded ``jit`` without ``shard_map`` a
-  batch-wide predicate is an all-reduce per iteration).
+  batch-wide predicate is an all-reduce per iteration). The ``shard_map`` is checked
+  (``check_vma=True``): JAX types each value by whether it varies over ``"batch"``, so a result
+  declared :data:`REPLICATED` that is not the same on every device (not reduced with ``pmean``,
+  ``psum``, ...) is refused when the step is traced, where unchecked it gave one device's value.
+  A replicated argument that a per-device loss differentiates is cast to varying first
+  (:func:`~deqjax.training.train_step` does), so that its gradient is the device's own, averaged
+  afterwards, as under ``pmap``; the solvers' loops start from a carry typed like their body's
+  (``deqjax._src.vma``): no data moves and no collective runs for either.
 - :class:`Pmapped` (``--parallel pmap``): ``jax.pmap`` over the same devices; arrays carry a
   leading axis of one entry per local device (:func:`~deqjax.training.replicate`,
   :func:`~deqjax.training.shard`).
@@ -186,7 +193,7 @@ class Sharded(DataParallel):
             mesh=mesh,
             in_specs=tuple(_spec_tree(self._spec, k) for k in in_kinds),
             out_specs=_spec_tree(self._spec, out_kinds),
-            check_vma=False,
+            check_vma=True,
         )
         # The results laid out as put lays out their kinds: left to XLA, a result gathered from a
         # replicated operand comes back replicated on a one-device mesh, and a step fed it would

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from deqjax._src import vma
 from deqjax._src.training.data_parallel import (
     REPLICATED,
     SHARDED,
@@ -148,7 +149,10 @@ def make_diagnostics_step(
 
     def step(state: TrainState, batch: PyTree) -> Metrics:
         key = jax.random.fold_in(jax.random.fold_in(state.rng, 0x0D1A6), jax.lax.axis_index(AXIS))
-        metrics = diagnostics_fn(state.params, batch, key, state.reg_state)
+        # Varying by device inside a checked shard_map: a gradient in the diagnostics is this
+        # device's (then reduced), as under pmap.
+        params = vma.vary_over(state.params, AXIS)
+        metrics = diagnostics_fn(params, batch, key, state.reg_state)
         return reduce_metrics(metrics, AXIS)
 
     parallel = _parallel(parallel, devices)

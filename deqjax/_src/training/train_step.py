@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import jmp
 import optax
 
+from deqjax._src import vma
 from deqjax._src.adjoints.backward_stats import BackwardStats
 from deqjax._src.training.train_state import DEVICE_AXIS, TrainState, create_train_state
 
@@ -206,10 +207,15 @@ def _gradient_fn(
         rng, step_key = jax.random.split(state.rng)
         if per_device_rng and axis_name is not None:
             step_key = jax.random.fold_in(step_key, jax.lax.axis_index(axis_name))
-        args = (state.params, batch, step_key, state.reg_state, state.step)
+        # Inside a checked shard_map, what is differentiated varies by device: its gradient is
+        # this device's (pmean-ed by the caller), not autodiff's sum over the devices.
+        params = state.params if axis_name is None else vma.vary_over(state.params, axis_name)
+        args = (params, batch, step_key, state.reg_state, state.step)
         if stats:  # the gradient channel of dq.BackwardStats: stats arrive as a gradient
             grad_fn = jax.value_and_grad(objective, argnums=(0, 5), has_aux=True)
             probe = BackwardStats.zeros()
+            if axis_name is not None:
+                probe = vma.vary_over(probe, axis_name)
             (_, (loss, metrics, carry)), (grads, probe_grad) = grad_fn(*args, probe, state.carry)
             metrics = {**metrics, **probe_grad.metrics()}
         else:
