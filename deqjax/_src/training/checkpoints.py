@@ -70,6 +70,11 @@ class Checkpoints:
     decisions of :meth:`should_save` are agreed on), and ``directory`` is on a file system they
     share; process 0 writes the JSON items and the manifest, orbax writes each process's shards.
 
+    Call :meth:`close` (or use ``with``) before the process ends; :func:`~deqjax.training.fit`
+    does. Left open, a save still in flight is finished at exit on Python 3.11, but lost on 3.12
+    and newer, where no thread may start at interpreter shutdown and orbax's commit starts one
+    (the error is printed; the newest committed checkpoint stays the one resumed).
+
     Args:
       directory: folder of the checkpoints (created if missing).
       every_steps: save every this many steps (None: no step rule).
