@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import deqjax as dq
+from tests.helpers.lanes import default_first
 
 D, B = 6, 5
 
@@ -39,7 +40,7 @@ ADJOINTS = {
 }
 
 
-@pytest.mark.parametrize("name", list(ADJOINTS))
+@pytest.mark.parametrize("name", default_first(ADJOINTS))
 def test_an_examples_gradient_is_its_gradient_alone(name):
     w, x, g = _problem()
     solver = dq.solvers.Anderson(max_steps=100, tol=1e-13, batch_ndim=1)

@@ -13,6 +13,7 @@ import pytest
 import deqjax as dq
 from deqjax._src import compiled
 from tests.helpers.dense_ift import dense_implicit_grad
+from tests.helpers.lanes import default_first
 
 D, DX = 5, 3
 # Compile time dominates these tests: fixed-point iteration (the smallest loop) and no fallback
@@ -223,7 +224,7 @@ def batch_cell(p, x, z):
     return jnp.tanh(z @ p["W"].T + x @ p["U"].T + jnp.broadcast_to(p["b"], z.shape))
 
 
-@pytest.mark.parametrize("solver", ["anderson", "fpi", "broyden"])
+@pytest.mark.parametrize("solver", default_first(["anderson", "fpi", "broyden"]))
 def test_batch_native_jvp_and_jacfwd(solver):
     kinds = {
         "anderson": dq.solvers.Anderson,

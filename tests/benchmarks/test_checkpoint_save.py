@@ -3,6 +3,7 @@
 import argparse
 
 import jax
+import pytest
 
 from benchmarks import checkpoint_save
 
@@ -38,6 +39,7 @@ def test_the_table_reports_each_save_against_the_steps_alone():
     assert [c.strip() for c in cells["asynchronous"]] == ["100", "300", "100", "0.70", "+0.50"]
 
 
+@pytest.mark.slow  # the benchmark's own run; its table parsing is checked above
 def test_the_benchmark_runs_on_a_tiny_model(tmp_path):
     out = tmp_path / "table.md"
     with jax.numpy_dtype_promotion("standard"):  # as a user runs it (optax's Adam promotes)

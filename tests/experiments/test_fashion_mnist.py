@@ -114,6 +114,7 @@ def test_a_finished_run_relaunched_with_resume_exits_0_having_done_nothing(main_
     assert _snapshot(os.path.join(out, "ckpt")) == before
 
 
+@pytest.mark.slow  # a main job per framework: the front-ends' own tests run in the default suite
 @pytest.mark.parametrize("framework", ["nnx", "equinox"])
 def test_the_main_job_trains_in_each_framework(main_run, framework, tmp_path):
     """``--framework nnx`` / ``equinox``: the same classifier in Flax NNX or Equinox, trained by
@@ -231,6 +232,7 @@ def test_missing_data_fails_fast_with_paths(tmp_path, capsys):
     assert "nowhere" in err and "dataset-fashion-mnist" in err
 
 
+@pytest.mark.slow  # a second main job; the tolerance the dtype picks: tests/harness (default suite)
 def test_bfloat16_main_job_records_its_dtype_and_learns(tmp_path, capsys):
     """One flag: ``--dtype bfloat16`` alone picks the tolerances bfloat16 resolves (the
     defaults' 1e-3 it cannot), says so and records them."""

@@ -12,6 +12,7 @@ from flax import nnx
 
 import deqjax as dq
 from tests.helpers import frontends as ref
+from tests.helpers.lanes import default_first
 
 ATOL = 1e-10
 
@@ -73,14 +74,11 @@ def assert_trees_close(got, want, atol=ATOL):
         np.testing.assert_allclose(g, w, rtol=0, atol=atol)
 
 
-# The Transformer cell in the vmap mode compiles longest: in the slow lane.
-CASES = [
-    pytest.param(
-        kind, mode, marks=[pytest.mark.slow] if (kind, mode) == ("transformer", "vmap") else []
-    )
-    for kind in ref.CELLS
-    for mode in sorted(ref.MODES)
-]
+# The MLP cell batch-native in the default suite; the Transformer cell and the vmap mode (the
+# longest compiles) in the slow lane.
+CASES = default_first(
+    [(kind, "batch_native") for kind in ref.CELLS] + [(kind, "vmap") for kind in ref.CELLS]
+)
 
 
 @pytest.mark.parametrize("kind, mode", CASES)

@@ -23,6 +23,7 @@ from tests.helpers.deq_cells import (
     spread_inputs,
     zeros_state,
 )
+from tests.helpers.lanes import default_first
 
 FAST = functools.partial(dq.solvers.fixed_point_iteration, max_steps=3)
 
@@ -398,11 +399,13 @@ def _complex_loss(z, c):
 
 @pytest.mark.parametrize(
     "solver, per_example",
-    [
-        (dq.solvers.Anderson(max_steps=100, tol=1e-13), True),  # batch-native
-        (lambda f, z0: dq.solvers.anderson(f, z0, max_steps=100, tol=1e-13), True),  # vmap
-        (dq.solvers.Broyden(max_steps=100, tol=1e-13), False),  # whole batch
-    ],
+    default_first(
+        [
+            (dq.solvers.Anderson(max_steps=100, tol=1e-13), True),  # batch-native
+            (lambda f, z0: dq.solvers.anderson(f, z0, max_steps=100, tol=1e-13), True),  # vmap
+            (dq.solvers.Broyden(max_steps=100, tol=1e-13), False),  # whole batch
+        ]
+    ),
     ids=["batch-native", "vmap", "whole-batch"],
 )
 def test_complex_input_and_state_against_the_dense_implicit_gradient(solver, per_example):

@@ -13,6 +13,7 @@ import deqjax as dq
 from deqjax import initializers
 from deqjax._src.cells import relative_attention as ra
 from deqjax.nn import DEQ, TransformerCell
+from tests.helpers.lanes import default_first
 from tests.helpers.sequence_cells import (
     BIG,
     DX,
@@ -55,7 +56,9 @@ def test_weight_norm_forward_invariant_to_rescaling_v():
     check_weight_norm_invariance(transformer(**BIG), x, z, num_normed=6)
 
 
-@pytest.mark.parametrize("with_mems, pre_ln", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize(
+    "with_mems, pre_ln", default_first([(True, True), (False, False), (True, False)])
+)
 def test_transformer_causal(with_mems, pre_ln):
     x, z = transformer_inputs(with_mems)
     f = transformer(pre_ln=pre_ln, attn_w_init=hk.initializers.RandomNormal(0.5), **BIG)

@@ -22,6 +22,7 @@ import pytest
 from deqjax import solvers
 from deqjax._src import tree
 from deqjax._src.solvers import broyden_inverse
+from tests.helpers.lanes import default_first
 from tests.helpers.solver_problems import dense_broyden
 
 N = 6
@@ -47,6 +48,13 @@ KRYLOV = {
     "NormalCG": lambda **kw: solvers.NormalCG(**kw),
 }
 ALL = {**FIXED_POINT, **KRYLOV}
+KINDS = ["FixedPointIteration", "Anderson", "Broyden", "GMRES"]  # one solver of each kind
+
+
+def kinds_first(names: dict) -> list:
+    """``names`` with one solver of each kind in the default suite, the other variants slow."""
+    first = [n for n in KINDS if n in names]
+    return default_first(first + [n for n in names if n not in first], keep=len(first))
 
 
 def complex_problem(n=N, batch=None, radius=0.8, seed=0, dtype=np.complex128):
@@ -73,7 +81,7 @@ def recomputed_residual(f, z):
     return np.sqrt(np.sum(np.abs(g) ** 2, axis=-1))
 
 
-@pytest.mark.parametrize("name", list(ALL))
+@pytest.mark.parametrize("name", kinds_first(ALL))
 def test_affine_fixed_point_equals_dense_solve(name):
     a, b = complex_problem()
     aj, bj = jnp.asarray(a), jnp.asarray(b)
@@ -123,7 +131,7 @@ def _nonholomorphic(z_star, a, theta=0.9):
     return f
 
 
-@pytest.mark.parametrize("name", list(FIXED_POINT))
+@pytest.mark.parametrize("name", kinds_first(FIXED_POINT))
 def test_nonlinear_nonholomorphic_map_reaches_its_known_fixed_point(name):
     a, b = complex_problem(radius=0.5, seed=2)
     z_star = jnp.asarray(b)
@@ -172,7 +180,7 @@ def test_anderson_and_broyden_solve_such_a_cell_on_its_real_and_imaginary_parts(
     np.testing.assert_allclose(value[0] + 1j * value[1], z_star, atol=1e-9)
 
 
-@pytest.mark.parametrize("name", list(FIXED_POINT))
+@pytest.mark.parametrize("name", kinds_first(FIXED_POINT))
 def test_holomorphic_nonlinear_map(name):
     """``z = z* + A (z - z*) + 0.3 (z - z*)^2``: holomorphic, fixed point ``z*``."""
     a, b = complex_problem(radius=0.6, seed=3)
@@ -204,7 +212,7 @@ def test_pytree_state_of_complex_leaves_of_two_widths():
         np.testing.assert_allclose(sol.value["b"], want_b, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", list(ALL))
+@pytest.mark.parametrize("name", kinds_first(ALL))
 def test_complex64_smoke(name):
     a, b = complex_problem(dtype=np.complex64, seed=5)
     aj, bj = jnp.asarray(a), jnp.asarray(b)

@@ -14,6 +14,7 @@ import pytest
 import scipy.optimize
 
 from deqjax import solvers
+from tests.helpers.lanes import default_first
 from tests.helpers.solver_problems import (
     COS_FIXED_POINT,
     SOLVERS,
@@ -160,7 +161,7 @@ def test_vmap_equals_loop_of_single_solves(name):
     assert len(set(np.asarray(batched.num_steps).tolist())) >= 3, batched.num_steps
 
 
-@pytest.mark.parametrize("name", SOLVERS)
+@pytest.mark.parametrize("name", default_first(SOLVERS))
 def test_loop_kinds_agree(name):
     f = lambda z: jnp.cos(z) * jnp.asarray([0.5, 0.3])  # noqa: E731
     sols = {
@@ -204,7 +205,7 @@ def test_python_loop_counts_evaluations():
 # --- differentiation ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", SOLVERS)
+@pytest.mark.parametrize("name", default_first(SOLVERS))
 def test_reverse_mode_through_scan_loop(name):
     rng = np.random.default_rng(5)
     a = jnp.asarray(contractive_matrix(rng, 4, 0.4))
@@ -315,7 +316,7 @@ def _aux_map(a, x):
     return f
 
 
-@pytest.mark.parametrize("name", DRIVER_SOLVERS)
+@pytest.mark.parametrize("name", default_first(DRIVER_SOLVERS))
 def test_has_aux_is_the_aux_at_the_value(name):
     rng = np.random.default_rng(11)
     a = jnp.asarray(contractive_matrix(rng, 5, 0.9))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from deqjax import solvers
+from tests.helpers.lanes import default_first
 from tests.helpers.solver_problems import (
     KINDS,
     SCALES,
@@ -61,7 +62,7 @@ def compiled(config: str, stop_mode: str, max_steps: int, batch_ndim: int):
     return jax.jit(run_batch), jax.jit(jax.vmap(run_one, in_axes=(None, 0, 0, 0)))
 
 
-@pytest.mark.parametrize("stop_mode", ["abs", "rel", "mixed"])
+@pytest.mark.parametrize("stop_mode", default_first(["mixed", "abs", "rel"]))
 @pytest.mark.parametrize("config", CONFIGS)
 def test_batch_native_equals_vmap_on_mixed_batch(config, stop_mode):
     a, xs = mixed_batch_problem()

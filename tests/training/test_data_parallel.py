@@ -156,6 +156,7 @@ def _assert_checked_gives_todays_numbers(cases):
         assert checked["metrics"]["bwd_steps"] >= 0.0 and np.isfinite(checked["metrics"]["loss"])
 
 
+@pytest.mark.slow  # two devices in a subprocess; tests/test_vma.py checks the typing on one
 def test_two_devices_checked_step_as_unchecked_through_chunks_and_reversal(tmp_path):
     """A checked solve from zeros: Anderson read every 3 steps (chunks with optimization
     barriers), and the reversible solver, whose backward returns a cotangent for z0."""
