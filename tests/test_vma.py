@@ -118,6 +118,70 @@ def test_cond_branches_that_vary_differently_agree():
         np.testing.assert_array_equal(got, run(jax.lax.cond, X, flag))
 
 
+def by_cond_per_example(cond, w, x):
+    # Each example's own branch: a predicate that varies over devices (it reads x), batched by
+    # vmap; the taken branch mixes the replicated w (invariant) into it.
+    def one(xi):
+        return cond(jnp.sum(xi) > 0, lambda a: jnp.tanh(a * w[0] + w[1]), lambda a: a - w[0], xi)
+
+    return jax.vmap(one)(x)
+
+
+def test_a_cond_on_a_batched_predicate_that_varies_runs_checked_with_its_gradient():
+    """JAX turns a vmapped cond into a select of its inputs, making the replicated w vary after
+    the branches were typed (the slow lane's synthetic 1D run, the fallback backward solve)."""
+    expected = by_cond_per_example(jax.lax.cond, W[0], X)
+    with pytest.raises((TypeError, ValueError), match="pvary"):
+        checked(functools.partial(by_cond_per_example, jax.lax.cond), (P(), P(AXIS)), P(AXIS))(
+            W[0], X
+        )
+    got = checked(functools.partial(by_cond_per_example, vma.cond), (P(), P(AXIS)), P(AXIS))(
+        W[0], X
+    )
+    np.testing.assert_array_equal(got, expected)
+    assert np.any(X.sum(axis=1) > 0) and np.any(X.sum(axis=1) <= 0)  # both branches are taken
+
+    def loss(cond, w, x):
+        return jnp.sum(by_cond_per_example(cond, w, x) ** 2)
+
+    expected = jax.grad(loss, argnums=(1, 2))(jax.lax.cond, W[0], X)
+
+    def per_device(w, x):
+        return jax.grad(loss, argnums=(1, 2))(vma.cond, vma.vary_over(w, AXIS), x)
+
+    got = checked(per_device, (P(), P(AXIS)), (P(AXIS), P(AXIS)))(W[0], X)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-12)
+
+
+def test_a_cond_skips_its_branch_unless_vmap_batches_its_predicate():
+    def per_device(x):  # a varying predicate, not batched: one branch runs
+        return vma.cond(jnp.sum(x) > 0, lambda a: a * W[0, 0], lambda a: a, x)
+
+    def program(fn):
+        mesh = jax.make_mesh((1,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+        sm = jax.shard_map(fn, mesh=mesh, in_specs=(P(AXIS),), out_specs=P(AXIS), check_vma=True)
+        return str(jax.make_jaxpr(sm)(X))
+
+    assert "cond[" in program(per_device)
+    assert "cond[" not in program(functools.partial(by_cond_per_example, vma.cond, W[0]))
+
+
+def test_batched_sees_a_vmap_at_any_level_and_under_jvp():
+    seen = []
+
+    def record(x):
+        seen.append(vma.batched(x))
+        return x
+
+    record(jnp.ones(2))
+    jax.vmap(record)(jnp.ones((3, 2)))
+    jax.vmap(record, in_axes=None, axis_size=3)(jnp.ones(2))  # not mapped
+    jax.vmap(lambda a: jax.vmap(lambda _: record(a), axis_size=2)(None))(jnp.ones((3, 2)))
+    jax.vmap(lambda a: jax.jvp(record, (a,), (a,))[0])(jnp.ones((3, 2)))
+    assert seen == [False, True, False, True, True]
+
+
 def test_an_optimization_barrier_keeps_each_leafs_type():
     def run(w, x):
         w2, x2 = vma.optimization_barrier((w, x))

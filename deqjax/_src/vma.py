@@ -159,6 +159,17 @@ def scan(
     return jax.lax.scan(f, init, xs, length=length)
 
 
+def batched(x: Any) -> bool:
+    """Whether ``x`` is batched by an enclosing ``jax.vmap`` (at any level, under ``jvp`` too)
+    where it is traced now. A ``vmap`` applied later, to a program already traced (``vmap`` of
+    a ``jit``), is not seen."""
+    while isinstance(x, jax.core.Tracer):
+        if getattr(x, "batch_dim", None) is not None:  # a vmap's tracer, mapped
+            return True
+        x = getattr(x, "val", getattr(x, "primal", None))  # the value under a vmap's or jvp's
+    return False
+
+
 def cond(
     pred: jax.typing.ArrayLike,
     true_fun: Callable[..., Any],
@@ -166,7 +177,15 @@ def cond(
     *operands: Any,
 ) -> Any:
     """``jax.lax.cond`` whose branches' outputs vary over the same axes: each output leaf over
-    those of both branches and of ``pred`` (the value taken depends on it)."""
+    those of both branches and of ``pred`` (the value taken depends on it).
+
+    A predicate that varies over devices and is batched by ``vmap`` runs both branches and
+    selects their outputs. ``vmap`` makes a ``lax.cond`` on a batched predicate into just that,
+    but JAX (0.8 to 0.12) selects the branches' *inputs* on the predicate, the values they close
+    over included: an input that does not vary over the devices turns varying after the branches
+    were typed, and the first cast or mixed operation recorded in them fails (``pvary`` on a
+    value already varying). Selecting the outputs gives the same values, typed.
+    """
     if not manual_axes():
         return jax.lax.cond(pred, true_fun, false_fun, *operands)
     vmas = [_out_vmas(branch, *operands) for branch in (true_fun, false_fun)]
@@ -182,7 +201,12 @@ def cond(
 
         return run
 
-    return jax.lax.cond(pred, matched(true_fun), matched(false_fun), *operands)
+    if not (of(pred) and batched(pred)):
+        return jax.lax.cond(pred, matched(true_fun), matched(false_fun), *operands)
+    take = jnp.asarray(pred)
+    take = take if take.dtype == jnp.bool_ else take != 0
+    outs = [matched(branch)(*operands) for branch in (true_fun, false_fun)]
+    return jax.tree_util.tree_map(lambda t, f: jnp.where(take, t, f), *outs)
 
 
 def optimization_barrier(val: Carry) -> Carry:
