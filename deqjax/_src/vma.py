@@ -11,8 +11,10 @@ varying) is refused by ``lax.while_loop``: its carry goes in invariant and comes
 that settled first: the initial carry, or the branches' outputs, cast to varying
 (``jax.lax.pcast(..., to="varying")``: no data moves, no collective) over exactly the axes the body
 or the other branch makes them vary over (:func:`match_carry`). Each device then runs its own loop
-on its own shard, as it did unchecked. Outside ``shard_map`` (plain ``jit``, ``vmap``, ``pmap``,
-``grad``) there is no manual axis: each is the ``jax.lax`` function, nothing traced twice.
+on its own shard, as it did unchecked; a ``cond`` that ``vmap`` batches on a device-varying
+predicate selects its branches' outputs (:func:`cond` says why). Outside ``shard_map`` (plain
+``jit``, ``vmap``, ``pmap``, ``grad``) there is no manual axis: each is the ``jax.lax`` function,
+nothing traced twice.
 """
 
 from __future__ import annotations
@@ -191,7 +193,8 @@ def cond(
     vmas = [_out_vmas(branch, *operands) for branch in (true_fun, false_fun)]
     if len(vmas[0]) != len(vmas[1]):
         return jax.lax.cond(pred, true_fun, false_fun, *operands)  # let cond report it
-    want = [a | b | of(pred) for a, b in zip(*vmas)]
+    pred_axes = of(pred)
+    want = [a | b | pred_axes for a, b in zip(*vmas)]
 
     def matched(branch: Callable[..., Any]) -> Callable[..., Any]:
         def run(*ops: Any) -> Any:
@@ -201,7 +204,7 @@ def cond(
 
         return run
 
-    if not (of(pred) and batched(pred)):
+    if not (pred_axes and batched(pred)):
         return jax.lax.cond(pred, matched(true_fun), matched(false_fun), *operands)
     take = jnp.asarray(pred)
     take = take if take.dtype == jnp.bool_ else take != 0
