@@ -10,7 +10,8 @@
 # (the whole main job twice: a first run and one that finds its programs in the compilation
 # cache, against the CPU's 32 s and 25 s in BENCHMARKS.md). Needs the project installed with a CUDA build of
 # jaxlib (pip install -e ".[test,experiments,bench]" plus "jax[cuda12]") and the Fashion-MNIST
-# files of the main job (DESIGN.md, "Data"). Writes one file per part to OUT_DIR; the tables go
+# files of the main job (DESIGN.md, "Data"); on a machine that cannot download, the .gpu/ folder
+# benchmarks/gpu_prepare.sh gathers (installed below). Writes one file per part to OUT_DIR; the tables go
 # into BENCHMARKS.md beside the CPU ones, with the GPU's name and the matmul precision of each
 # run. A part that fails or runs out of time does not stop the others; the script's status is
 # the number of parts that did not finish.
@@ -20,8 +21,24 @@ shift || true
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(tests loop_floor solvers_default solvers_highest main_job language_model)
 mkdir -p "$out"
+# On a lent machine with nothing to download from: what benchmarks/gpu_prepare.sh put into .gpu/
+# (the wheels the image lacks, installed beside it; the main job's Fashion-MNIST files where the
+# loader looks), and `python` for an image that has only python3.
+if [ -d .gpu ]; then
+  if ! command -v python >/dev/null; then  # a shim, not a link: a venv's python3 finds its venv
+    mkdir -p /tmp/gpu_bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" \
+      >/tmp/gpu_bin/python && chmod +x /tmp/gpu_bin/python && export PATH=/tmp/gpu_bin:$PATH
+  fi
+  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/gpu_site .gpu/whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/gpu_site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  fm=/usr/share/datasets/fashion-mnist
+  ls "$fm"/*-idx?-ubyte* >/dev/null 2>&1 || { mkdir -p "$fm" && cp .gpu/fashion-mnist/* "$fm/"; } ||
+    echo "could not copy .gpu/fashion-mnist to $fm: the main-job parts will fail" >&2
+fi
 python -c "import jax; print(jax.__version__, jax.devices())" | tee "$out/devices.txt"
-if ! python -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')"; then
+# GPU_CHECK_ON_CPU=1 runs it anyway, to rehearse it on a CPU (its parts then run out of time).
+if [ -z "${GPU_CHECK_ON_CPU:-}" ] && ! python -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')"; then
   echo "no GPU backend: this script checks the GPU path only" >&2
   exit 1
 fi
