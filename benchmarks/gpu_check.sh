@@ -32,7 +32,7 @@ if [ -d .gpu ]; then
   python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/gpu_site .gpu/whl/*.whl || exit 1
   export PYTHONPATH=/tmp/gpu_site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-  fm=/usr/share/datasets/fashion-mnist
+  fm=$(python -c "from deqjax._src.data.idx import DEFAULT_FASHION_MNIST_DIR as d; print(d)")
   ls "$fm"/*-idx?-ubyte* >/dev/null 2>&1 || { mkdir -p "$fm" && cp .gpu/fashion-mnist/* "$fm/"; } ||
     echo "could not copy .gpu/fashion-mnist to $fm: the main-job parts will fail" >&2
 fi

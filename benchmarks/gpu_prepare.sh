@@ -16,7 +16,8 @@
 set -euo pipefail
 here=.gpu
 data=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
-# The versions the CPU lanes test; their needs the image lacks: docstring-parser and typeguard (tyro).
+# The versions CI's newest lane installed on 2026-11-29; the only needs of theirs the image lacks are
+# docstring-parser and typeguard (tyro's).
 wheels=(dm-haiku==0.0.17 jmp==0.0.4 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1
   jaxopt==0.8.5 tensorboardX==2.6.5)
 rm -rf "$here/whl"
